@@ -1,0 +1,171 @@
+"""Examples from a Hugging Face hub dataset, a local file or folder, or the built-in default."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+
+from attrib_bench.data.default import DEFAULT_SEED, DEFAULT_SIZE, generate_default_dataset
+from attrib_bench.errors import UsageError, unknown_choice
+from attrib_bench.interfaces import Example
+
+DEFAULT_DATASET = "default"
+#: Local file types and the ``datasets`` builder (with its options) that reads each.
+FILE_BUILDERS: dict[str, tuple[str, dict]] = {
+    # GLUE-style TSVs contain bare quotes: read them without CSV quoting (csv.QUOTE_NONE = 3).
+    ".tsv": ("csv", {"delimiter": "\t", "quoting": 3}),
+    ".csv": ("csv", {}),
+    ".jsonl": ("json", {}),
+    ".json": ("json", {}),
+    ".parquet": ("parquet", {}),
+}
+#: Text columns tried in order when none is given: pairs first, then single texts.
+PAIR_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("question1", "question2"))
+SINGLE_COLUMNS = ("sentence", "text", "question")
+#: Preferred evaluation splits when ``--split`` is not given.
+SPLIT_PREFERENCE = ("validation", "dev", "test", "train")
+
+
+@dataclass
+class LoadedData:
+    examples: list[Example]
+    name: str
+    split: str
+    fingerprint: str
+    text_column: str
+    text_pair_column: str | None
+    label_column: str | None
+
+    @property
+    def num_labels(self) -> int | None:
+        labels = {e.label for e in self.examples if e.label is not None}
+        return max(labels) + 1 if labels else None
+
+
+def _pick_split(available: list[str], split: str | None, name: str) -> str:
+    if split is not None:
+        if split not in available:
+            raise unknown_choice(f"split of dataset {name!r}:", split, available)
+        return split
+    for preferred in SPLIT_PREFERENCE:
+        if preferred in available:
+            return preferred
+    return sorted(available)[0]
+
+
+def _load_local(path: Path, split: str | None) -> tuple[datasets.Dataset, str]:
+    if path.is_file():
+        files = {path.stem: path}
+    else:
+        files = {p.stem: p for p in sorted(path.iterdir()) if p.suffix in FILE_BUILDERS}
+        if not files:
+            raise UsageError(
+                f"dataset folder {str(path)!r} holds no data file; expected one of "
+                + ", ".join(FILE_BUILDERS)
+            )
+    if path.suffix not in FILE_BUILDERS and path.is_file():
+        raise unknown_choice("data file type", path.suffix or path.name, FILE_BUILDERS)
+    chosen = _pick_split(list(files), split, str(path))
+    builder, options = FILE_BUILDERS[files[chosen].suffix]
+    dataset = datasets.load_dataset(
+        builder, data_files={chosen: str(files[chosen])}, split=chosen, **options
+    )
+    return dataset, chosen
+
+
+def _load_hub(name: str, split: str | None) -> tuple[datasets.Dataset, str]:
+    attempts = [(name, None)]
+    if name.count("/") == 1:  # "glue/sst2" means dataset glue, configuration sst2
+        attempts.append(tuple(name.split("/")))
+    errors = []
+    for path, config in attempts:
+        try:
+            dataset_dict = datasets.load_dataset(path, config)
+        except Exception as error:  # datasets raises many types for "not found" and "offline"
+            errors.append(f"{path}{'/' + config if config else ''}: {type(error).__name__}")
+            continue
+        chosen = _pick_split(list(dataset_dict), split, name)
+        return dataset_dict[chosen], chosen
+    raise UsageError(
+        f"dataset {name!r} not found: no such local file or folder, and the Hugging Face hub "
+        f"gave nothing ({'; '.join(errors)}); use 'default', a local path, or a hub id"
+    )
+
+
+def _columns(
+    names: list[str], text: str | None, pair: str | None, label: str | None, dataset: str
+) -> tuple[str, str | None, str | None]:
+    for given in (text, pair, label):
+        if given is not None and given not in names:
+            raise unknown_choice(f"column of dataset {dataset!r}:", given, names)
+    if text is None:
+        for first, second in PAIR_COLUMNS:
+            if first in names and second in names:
+                text, pair = first, pair or second
+                break
+        else:
+            text = next((c for c in SINGLE_COLUMNS if c in names), None)
+        if text is None:
+            raise UsageError(
+                f"no text column found in dataset {dataset!r} (columns: {', '.join(names)}); "
+                "name one with --text-column"
+            )
+    if label is None and "label" in names:
+        label = "label"
+    return text, pair, label
+
+
+def _default(split: str | None, limit: int | None) -> LoadedData:
+    splits = generate_default_dataset(DEFAULT_SEED, DEFAULT_SIZE)
+    chosen = _pick_split(list(splits), split or "test", DEFAULT_DATASET)
+    records = splits[chosen][:limit]
+    examples = [
+        Example(r["id"], r["sentence"], None, r["label"], tuple(r["rationale"])) for r in records
+    ]
+    digest = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()
+    return LoadedData(examples, DEFAULT_DATASET, chosen, digest, "sentence", None, "label")
+
+
+def load_examples(
+    name: str | None = None,
+    split: str | None = None,
+    text_column: str | None = None,
+    text_pair_column: str | None = None,
+    label_column: str | None = None,
+    limit: int | None = None,
+) -> LoadedData:
+    """Load the first ``limit`` examples of one split, with text columns detected or given."""
+    if limit is not None and limit < 1:
+        raise UsageError(f"--limit must be at least 1, got {limit}")
+    name = name or DEFAULT_DATASET
+    if name == DEFAULT_DATASET:
+        data = _default(split, limit)
+    else:
+        path = Path(name).expanduser()
+        dataset, chosen = _load_local(path, split) if path.exists() else _load_hub(name, split)
+        text, pair, label = _columns(
+            dataset.column_names, text_column, text_pair_column, label_column, name
+        )
+        id_column = next((c for c in ("idx", "id") if c in dataset.column_names), None)
+        rows = dataset if limit is None else dataset.select(range(min(limit, len(dataset))))
+        examples = []
+        for index, row in enumerate(rows):
+            gold = row[label] if label else None
+            examples.append(
+                Example(
+                    id=str(row[id_column]) if id_column else str(index),
+                    text=str(row[text]),
+                    text_pair=str(row[pair]) if pair else None,
+                    label=int(gold) if gold is not None and int(gold) >= 0 else None,
+                )
+            )
+        key = json.dumps([dataset._fingerprint, chosen, text, pair, label, limit])
+        fingerprint = hashlib.sha256(key.encode()).hexdigest()
+        data = LoadedData(examples, name, chosen, fingerprint, text, pair, label)
+    if not data.examples:
+        raise UsageError(f"dataset {name!r} split {data.split!r} has no examples")
+    return data

@@ -1,0 +1,29 @@
+"""User errors and exit codes, kept apart from bugs so the CLI can answer without a traceback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Exit codes of the ``attrib-bench`` command."""
+
+    #: Everything requested ran and was scored.
+    OK = 0
+    #: ``check``: at least one score fell beyond the tolerance and the run-to-run noise.
+    REGRESSION = 1
+    #: Bad input: unknown plugin, model, dataset, split or column; unusable files.
+    USAGE_ERROR = 2
+    #: The run finished, but at least one method or evaluator failed (see its ``error``).
+    PARTIAL = 3
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for; shown as one line, exit code 2."""
+
+
+def unknown_choice(kind: str, value: str, choices: Iterable[str]) -> UsageError:
+    """Build the standard 'unknown X' error that names the bad value and the valid ones."""
+    listed = ", ".join(sorted(choices)) or "(none)"
+    return UsageError(f"unknown {kind} {value!r}; valid choices: {listed}")

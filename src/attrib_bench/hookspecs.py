@@ -1,0 +1,23 @@
+"""Hook specifications: how a plugin contributes attributors and evaluators."""
+
+from __future__ import annotations
+
+import pluggy
+
+PROJECT = "attrib_bench"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def attrib_bench_attributors() -> list:
+    """Return a list of attributor objects (see ``attrib_bench.Attributor``).
+
+    Each object has a unique ``name``; two plugins returning the same name is an error that
+    names both plugins. Every plugin's list is collected (this is not a first-result hook).
+    """
+
+
+@hookspec
+def attrib_bench_evaluators() -> list:
+    """Return a list of evaluator objects (see ``attrib_bench.Evaluator``), unique by ``name``."""

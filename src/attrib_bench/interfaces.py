@@ -1,0 +1,130 @@
+"""The types plugins see: examples, batches, attributions, and the Attributor/Evaluator protocols.
+
+Shape key used in names and docstrings across the project:
+B batch, L layers, H heads, N query tokens, K key tokens, D hidden size, E head size, C classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from attrib_bench.model.trace import Trace
+
+
+@dataclass(frozen=True)
+class Example:
+    """One input to classify. ``rationale`` marks decisive words of ``text.split()`` (1/0)."""
+
+    id: str
+    text: str
+    text_pair: str | None = None
+    label: int | None = None
+    rationale: tuple[int, ...] | None = None
+
+
+@dataclass
+class Batch:
+    """Tokenised, padded examples; every tensor row belongs to ``examples[b]``."""
+
+    examples: list[Example]
+    input_ids_BN: torch.Tensor
+    attention_mask_BN: torch.Tensor
+    token_type_ids_BN: torch.Tensor | None
+    special_tokens_mask_BN: torch.Tensor
+    tokens: list[list[str]]
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        inputs = {"input_ids": self.input_ids_BN, "attention_mask": self.attention_mask_BN}
+        if self.token_type_ids_BN is not None:
+            inputs["token_type_ids"] = self.token_type_ids_BN
+        return inputs
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.attention_mask_BN.sum(dim=1).tolist()
+
+    @property
+    def labels(self) -> torch.Tensor | None:
+        labels = [e.label for e in self.examples]
+        if any(label is None for label in labels):
+            return None
+        return torch.tensor(labels, device=self.input_ids_BN.device)
+
+    def to(self, device: torch.device | str) -> Batch:
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return Batch(
+            self.examples,
+            self.input_ids_BN.to(device),
+            self.attention_mask_BN.to(device),
+            move(self.token_type_ids_BN),
+            self.special_tokens_mask_BN.to(device),
+            self.tokens,
+        )
+
+
+@dataclass
+class Attribution:
+    """Scores of the classification token's row over all tokens, for every layer.
+
+    ``aggregated_BLN``: the row after aggregating layers 1..l (rollout); a whole-model method
+    (saliency, random) has L = 1. ``local_BLN``: the single-layer row of layer l, where a method
+    has one. Padded positions hold zeros and are never read.
+    """
+
+    aggregated_BLN: torch.Tensor
+    local_BLN: torch.Tensor | None = None
+
+    def rows(self, kind: str) -> torch.Tensor | None:
+        return self.aggregated_BLN if kind == "aggregated" else self.local_BLN
+
+
+#: Keys an evaluator returns: per-example scores, one array (L, B) per attribution kind.
+KINDS = ("aggregated", "local")
+
+
+@runtime_checkable
+class Attributor(Protocol):
+    """A token-attribution method.
+
+    ``requires`` names the trace fields it reads ("attentions", "hidden_states", "values",
+    "pre_layernorm"); the runner captures their union in one forward pass per batch.
+    """
+
+    name: str
+    description: str
+    requires: frozenset[str]
+
+    def attribute(self, trace: Trace) -> Attribution: ...
+
+
+@dataclass
+class EvalContext:
+    """What an evaluator may use besides the attribution it scores."""
+
+    trace: Trace
+    reference: Attribution | None
+    seed: int
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    """Scores an attribution per example; the runner summarises (mean, std, CI) per layer.
+
+    ``score`` returns, for each kind it scores ("aggregated", "local"), an array (L, B) of
+    per-example scores; NaN marks an example that cannot be scored (it is counted, not averaged).
+    """
+
+    name: str
+    description: str
+    needs_reference: bool
+
+    def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]: ...

@@ -1,0 +1,1 @@
+"""Model loading, architecture adapters, the one-pass trace and fine-tuning."""

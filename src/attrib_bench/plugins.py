@@ -1,0 +1,152 @@
+"""Plugin discovery and the registry of attributors and evaluators.
+
+Plugins come from the entry-point group ``attrib_bench`` (the built-ins too) and from
+``--plugin FILE.py``. The manager is built on every call to :func:`load_registry`, never at
+import time, so tests and long-lived processes get a fresh view.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from attrib_bench import hookspecs
+from attrib_bench.console import warn
+from attrib_bench.errors import UsageError, unknown_choice
+from attrib_bench.interfaces import Attributor, Evaluator
+
+ENTRY_POINT_GROUP = "attrib_bench"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A method as written by the user: ``name`` or ``name:key=value,key=value``."""
+
+    name: str
+    params: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> Spec:
+        name, _, rest = text.strip().partition(":")
+        params: list[tuple[str, str]] = []
+        for item in filter(None, (part.strip() for part in rest.split(","))):
+            key, eq, value = item.partition("=")
+            if not eq or not key.strip():
+                raise UsageError(f"bad parameter {item!r} in {text!r}; write name:key=value,...")
+            params.append((key.strip(), value.strip()))
+        if not name:
+            raise UsageError(f"empty method name in {text!r}")
+        return cls(name, tuple(params))
+
+    def __str__(self) -> str:
+        if not self.params:
+            return self.name
+        return self.name + ":" + ",".join(f"{k}={v}" for k, v in self.params)
+
+
+@dataclass
+class Registered:
+    """A plugin object and where it came from (a distribution name or a file path)."""
+
+    obj: Any
+    source: str
+
+
+@dataclass
+class Registry:
+    attributors: dict[str, Registered] = field(default_factory=dict)
+    evaluators: dict[str, Registered] = field(default_factory=dict)
+    #: Plugins that failed to import: source -> error message. They are reported, not fatal.
+    broken: dict[str, str] = field(default_factory=dict)
+
+    def attributor(self, spec: Spec | str) -> Any:
+        return self._configured(self.attributors, "attributor", spec)
+
+    def evaluator(self, spec: Spec | str) -> Any:
+        return self._configured(self.evaluators, "evaluator", spec)
+
+    @staticmethod
+    def _configured(table: dict[str, Registered], kind: str, spec: Spec | str) -> Any:
+        spec = Spec.parse(spec) if isinstance(spec, str) else spec
+        if spec.name not in table:
+            raise unknown_choice(kind, spec.name, table)
+        obj = table[spec.name].obj
+        if not spec.params:
+            return obj
+        if not hasattr(obj, "configure"):
+            raise UsageError(f"{kind} {spec.name!r} takes no parameters (got {spec})")
+        return obj.configure(dict(spec.params))
+
+
+def _import_file(path: Path) -> ModuleType:
+    if not path.is_file():
+        raise UsageError(f"plugin file {str(path)!r} does not exist")
+    module_name = f"attrib_bench_local_{path.stem}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"plugin file {str(path)!r} is not a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        raise UsageError(f"error importing plugin file {str(path)!r}: {error!r}") from error
+    return module
+
+
+def _plugin_manager(plugin_files: Sequence[Path], registry: Registry) -> pluggy.PluginManager:
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist.name if ep.dist is not None else "unknown distribution"
+        version = ep.dist.version if ep.dist is not None else "?"
+        source = f"{dist} {version} ({ep.name} = {ep.value})"
+        if pm.get_plugin(source) is not None:  # the same distribution seen twice on sys.path
+            continue
+        try:
+            module = ep.load()
+        except Exception as error:  # a broken third-party plugin must not take the run down
+            registry.broken[source] = repr(error)
+            warn(f"plugin {source} failed to import and is skipped: {error!r}")
+            continue
+        pm.register(module, name=source)
+    for path in plugin_files:
+        pm.register(_import_file(Path(path)), name=f"file {path}")
+    pm.check_pending()
+    return pm
+
+
+def _collect(pm: pluggy.PluginManager, hook_name: str, kind: str, protocol: type) -> dict:
+    table: dict[str, Registered] = {}
+    for impl in getattr(pm.hook, hook_name).get_hookimpls():
+        objects = impl.function() or []
+        for obj in objects:
+            if not isinstance(obj, protocol):
+                raise UsageError(
+                    f"plugin {impl.plugin_name} returned {obj!r}, which is not an {kind}: "
+                    f"it needs the attributes of attrib_bench.{protocol.__name__}"
+                )
+            if obj.name in table:
+                raise UsageError(
+                    f"two plugins register the {kind} {obj.name!r}: "
+                    f"{table[obj.name].source} and {impl.plugin_name}"
+                )
+            table[obj.name] = Registered(obj, impl.plugin_name)
+    return table
+
+
+def load_registry(plugin_files: Sequence[Path | str] = ()) -> Registry:
+    """Discover every installed plugin plus ``plugin_files`` and index their objects by name."""
+    registry = Registry()
+    pm = _plugin_manager([Path(p) for p in plugin_files], registry)
+    registry.attributors = _collect(pm, "attrib_bench_attributors", "attributor", Attributor)
+    registry.evaluators = _collect(pm, "attrib_bench_evaluators", "evaluator", Evaluator)
+    return registry

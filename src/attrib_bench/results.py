@@ -1,0 +1,194 @@
+"""The result document (schema-versioned JSON with provenance) and the terminal leaderboard."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+import os
+import platform
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from attrib_bench.run import MethodState, Prepared, RunConfig
+
+SCHEMA_VERSION = 1
+SCHEMA_PATH = Path(__file__).parent / "schema" / "results.schema.json"
+PACKAGES = ("attrib-bench", "torch", "transformers", "captum", "datasets", "pluggy", "scipy")
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def hardware(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def build_result(
+    config: RunConfig,
+    prepared: Prepared,
+    methods: list[MethodState],
+    evaluators: dict[str, Any],
+    evaluator_errors: dict[str, str],
+) -> dict[str, Any]:
+    from attrib_bench.run import summarize_scores
+
+    registry = prepared.registry
+    example_ids = [e.id for e in prepared.data.examples]
+    method_docs: dict[str, Any] = {}
+    for method in methods:
+        name = method.spec.partition(":")[0]
+        doc: dict[str, Any] = {
+            "name": name,
+            "plugin": registry.attributors[name].source,
+            "status": "failed" if method.error else "ok",
+            "error": method.error,
+            "seconds_per_example": (
+                method.seconds / method.examples if method.examples and not method.error else None
+            ),
+            "scores": {},
+            "per_example": {},
+        }
+        if not method.error:
+            for evaluator in evaluator_errors:
+                method.scores.pop(evaluator, None)
+            doc["scores"], doc["per_example"] = summarize_scores(method, example_ids, config.seed)
+        method_docs[method.spec] = doc
+    data = prepared.data
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": config.to_dict(),
+        "provenance": {
+            "packages": {name: _version(name) for name in PACKAGES},
+            "python": platform.python_version(),
+            "model": {
+                "id": prepared.loaded.model_id,
+                "type": prepared.loaded.model.config.model_type,
+                "weights_sha256": prepared.loaded.weights_sha256,
+                "fresh_head": prepared.loaded.fresh_head,
+            },
+            "dataset": {
+                "name": data.name,
+                "split": data.split,
+                "fingerprint": data.fingerprint,
+                "examples": len(data.examples),
+                "text_column": data.text_column,
+                "text_pair_column": data.text_pair_column,
+                "label_column": data.label_column,
+                "truncated": prepared.truncated,
+                "max_length": prepared.max_length,
+            },
+            "seed": config.seed,
+            "hardware": hardware(prepared.loaded.device),
+            "evaluator_plugins": {n: reg.source for n, reg in registry.evaluators.items()},
+        },
+        "reference": config.reference,
+        "evaluators": {
+            name: {
+                "status": "failed" if name in evaluator_errors else "ok",
+                "error": evaluator_errors.get(name),
+            }
+            for name in evaluators
+        },
+        "example_ids": example_ids,
+        "methods": method_docs,
+    }
+
+
+def _clean(value: Any) -> Any:
+    """NaN is not JSON: write null instead."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_json(document: dict[str, Any], path: Path) -> None:
+    """Write atomically (a half-written result is worse than none)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(_clean(document), indent=1) + "\n")
+    temporary.replace(path)
+
+
+def exit_status(document: dict[str, Any]) -> bool:
+    """True when every method and evaluator completed."""
+    return all(m["status"] == "ok" for m in document["methods"].values()) and all(
+        e["status"] == "ok" for e in document["evaluators"].values()
+    )
+
+
+def _mean(entry: dict[str, Any] | None) -> str:
+    if entry is None or entry["mean"] is None or math.isnan(entry["mean"]):
+        return "-"
+    return f"{entry['mean']:+.3f}"
+
+
+def _ci(entry: dict[str, Any] | None) -> str:
+    if entry is None or entry["ci95"][0] is None or math.isnan(entry["ci95"][0]):
+        return "-"
+    low, high = entry["ci95"]
+    return f"[{low:+.2f},{high:+.2f}]"
+
+
+def leaderboard(document: dict[str, Any], evaluator: str, kind: str = "aggregated") -> Table:
+    """Rows = methods, sorted by last-layer score; best layer and last layer with 95% CI."""
+    model = document["provenance"]["model"]["id"]
+    dataset = document["provenance"]["dataset"]
+    table = Table(
+        title=f"{evaluator} vs {document['reference']} ({kind}) — {Path(model).name} on "
+        f"{dataset['name']}/{dataset['split']} (n={dataset['examples']})",
+        title_justify="left",
+    )
+    table.add_column("method", style="bold", no_wrap=True)
+    table.add_column("best (layer)", justify="right", no_wrap=True)
+    table.add_column("last layer", justify="right", no_wrap=True)
+    table.add_column("95% CI", justify="right", no_wrap=True)
+    table.add_column("s/ex", justify="right", no_wrap=True)
+    table.add_column("status")
+
+    def last_mean(item: tuple[str, dict]) -> float:
+        layers = item[1]["scores"].get(evaluator, {}).get(kind)
+        mean = layers[-1]["mean"] if layers else None
+        return -math.inf if mean is None or math.isnan(mean) else mean
+
+    for spec, method in sorted(document["methods"].items(), key=last_mean, reverse=True):
+        layers = method["scores"].get(evaluator, {}).get(kind)
+        seconds = method["seconds_per_example"]
+        status = method["status"] if method["status"] == "ok" else f"failed: {method['error']}"
+        row = ["-", "-", "-"]
+        if layers:
+            scored = [x for x in layers if x["mean"] is not None and not math.isnan(x["mean"])]
+            best = max(scored, key=lambda x: x["mean"]) if scored else None
+            best_text = _mean(best) + (f" ({best['layer']})" if best and len(layers) > 1 else "")
+            row = [best_text, _mean(layers[-1]), _ci(layers[-1])]
+        table.add_row(
+            spec,
+            *row,
+            f"{seconds:.4f}" if seconds is not None else "-",
+            status,
+            style=None if method["status"] == "ok" else "red",
+        )
+    return table

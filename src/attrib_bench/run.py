@@ -1,0 +1,224 @@
+"""The runner: one traced forward pass per batch feeds every attributor; evaluators score them.
+
+A method that raises is marked failed with its error and dropped; the others go on. Scores are
+kept per example (keyed by example id) and summarised per layer at the end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from attrib_bench import console
+from attrib_bench.data.batches import make_batches
+from attrib_bench.data.load import LoadedData, load_examples
+from attrib_bench.errors import UsageError
+from attrib_bench.interfaces import KINDS, Attribution, Batch, EvalContext
+from attrib_bench.model.load import LoadedModel, load_model
+from attrib_bench.model.trace import Trace, trace_batch
+from attrib_bench.plugins import Registry, Spec, load_registry
+from attrib_bench.stats import summarize
+
+DEFAULT_REFERENCE = "saliency"
+
+
+@dataclass
+class RunConfig:
+    """Everything that decides a run's numbers (batch size and device do not)."""
+
+    model: str | None = None
+    dataset: str | None = None
+    split: str | None = None
+    text_column: str | None = None
+    text_pair_column: str | None = None
+    label_column: str | None = None
+    limit: int | None = None
+    max_length: int | None = None
+    attributors: list[str] | None = None
+    evaluators: list[str] | None = None
+    reference: str = DEFAULT_REFERENCE
+    seed: int = 0
+    batch_size: int = 16
+    device: str = "auto"
+    plugins: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class MethodState:
+    """Running state of one method: timing, per-example scores, failure."""
+
+    spec: str
+    attributor: Any
+    seconds: float = 0.0
+    examples: int = 0
+    error: str | None = None
+    #: evaluator -> kind -> example id -> scores over layers
+    scores: dict[str, dict[str, dict[str, np.ndarray]]] = field(default_factory=dict)
+
+
+@dataclass
+class Prepared:
+    """A run's resolved inputs: plugins, model, data and batches."""
+
+    registry: Registry
+    loaded: LoadedModel
+    data: LoadedData
+    batches: list[Batch]
+    truncated: int
+    max_length: int
+
+
+def resolve_model(name: str | None, device: str) -> LoadedModel:
+    if name is None:
+        from attrib_bench.model.finetune import ensure_default_model
+
+        name = str(ensure_default_model(device))
+    return load_model(name, device)
+
+
+def prepare(config: RunConfig) -> Prepared:
+    """Resolve plugins first (cheap, catches typos), then the model and the data."""
+    registry = load_registry(config.plugins)
+    for spec in config.attributors or []:
+        registry.attributor(spec)
+    for spec in config.evaluators or []:
+        registry.evaluator(spec)
+    if config.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, got {config.batch_size}")
+    data = load_examples(
+        config.dataset,
+        config.split,
+        config.text_column,
+        config.text_pair_column,
+        config.label_column,
+        config.limit,
+    )
+    loaded = resolve_model(config.model, config.device)
+    max_length = loaded.max_length
+    if config.max_length is not None:
+        if config.max_length < 3:
+            raise UsageError(f"--max-length must be at least 3, got {config.max_length}")
+        max_length = min(config.max_length, max_length)
+    batches, truncated = make_batches(
+        data.examples, loaded.tokenizer, config.batch_size, max_length
+    )
+    if truncated:
+        console.warn(f"{truncated} of {len(data.examples)} inputs truncated to {max_length} tokens")
+    return Prepared(registry, loaded, data, batches, truncated, max_length)
+
+
+def attribution_stream(
+    prepared: Prepared,
+    methods: Sequence[MethodState],
+    seed: int,
+    description: str = "attributing",
+    quiet: bool = False,
+) -> Iterator[tuple[Trace, dict[str, Attribution]]]:
+    """Per batch: one trace, then every still-working method's attribution of it.
+
+    Each method's time includes the shared forward pass when it reads trace internals.
+    """
+    requires = set().union(*(m.attributor.requires for m in methods))
+    with console.progress(disable=quiet) as bar:
+        task = bar.add_task(description, total=len(prepared.data.examples))
+        for batch in prepared.batches:
+            batch = batch.to(prepared.loaded.device)
+            start = time.perf_counter()
+            trace = trace_batch(prepared.loaded, batch, requires, seed)
+            trace_seconds = time.perf_counter() - start
+            results: dict[str, Attribution] = {}
+            for method in methods:
+                if method.error is not None:
+                    continue
+                start = time.perf_counter()
+                try:
+                    results[method.spec] = method.attributor.attribute(trace)
+                except UsageError:
+                    raise
+                except Exception as error:  # one method failing must not sink the run
+                    method.error = f"{type(error).__name__}: {error}"
+                    console.warn(f"{method.spec} failed and is dropped: {method.error}")
+                    continue
+                method.seconds += time.perf_counter() - start + trace_seconds
+                method.examples += len(batch.examples)
+            yield trace, results
+            bar.advance(task, len(batch.examples))
+
+
+def _store(method: MethodState, evaluator: str, scores: dict, batch: Batch) -> None:
+    table = method.scores.setdefault(evaluator, {})
+    for kind, values_LB in scores.items():
+        by_id = table.setdefault(kind, {})
+        for column, example in enumerate(batch.examples):
+            by_id[example.id] = np.asarray(values_LB)[:, column]
+
+
+def run_benchmark(config: RunConfig, quiet: bool = False) -> dict[str, Any]:
+    """Run every selected attributor and evaluator; return the result document (see results)."""
+    from attrib_bench.results import build_result
+
+    torch.manual_seed(config.seed)
+    prepared = prepare(config)
+    registry = prepared.registry
+    specs = [Spec.parse(s) for s in (config.attributors or sorted(registry.attributors))]
+    methods = [MethodState(str(s), registry.attributor(s)) for s in specs]
+    evaluators = {
+        str(Spec.parse(s)): registry.evaluator(s)
+        for s in (config.evaluators or sorted(registry.evaluators))
+    }
+    reference_spec = str(Spec.parse(config.reference))
+    reference_method = next((m for m in methods if m.spec == reference_spec), None)
+    extra = []
+    if reference_method is None and any(e.needs_reference for e in evaluators.values()):
+        reference_method = MethodState(reference_spec, registry.attributor(config.reference))
+        extra = [reference_method]
+    evaluator_errors: dict[str, str] = {}
+    for trace, results in attribution_stream(prepared, methods + extra, config.seed):
+        reference = results.get(reference_spec)
+        for name, evaluator in evaluators.items():
+            if name in evaluator_errors:
+                continue
+            if evaluator.needs_reference and reference is None:
+                evaluator_errors[name] = f"reference {reference_spec} failed: " + str(
+                    reference_method.error
+                )
+                continue
+            context = EvalContext(trace=trace, reference=reference, seed=config.seed)
+            for method in methods:
+                if method.spec not in results:
+                    continue
+                try:
+                    scores = evaluator.score(results[method.spec], context)
+                except Exception as error:
+                    evaluator_errors[name] = f"{type(error).__name__}: {error} (on {method.spec})"
+                    console.warn(f"evaluator {name} failed: {evaluator_errors[name]}")
+                    break
+                _store(method, name, scores, trace.batch)
+    return build_result(config, prepared, methods, evaluators, evaluator_errors)
+
+
+def summarize_scores(method: MethodState, example_ids: list[str], seed: int) -> tuple[dict, dict]:
+    """Per evaluator and kind: per-layer summaries, and the per-example scores in data order."""
+    summaries: dict[str, dict[str, list]] = {}
+    per_example: dict[str, dict[str, list]] = {}
+    for evaluator, kinds in method.scores.items():
+        for kind in KINDS:
+            if kind not in kinds:
+                continue
+            matrix = np.stack([kinds[kind][i] for i in example_ids], axis=1)  # (L, examples)
+            summaries.setdefault(evaluator, {})[kind] = [
+                {"layer": layer + 1, **summarize(matrix[layer], seed)}
+                for layer in range(matrix.shape[0])
+            ]
+            per_example.setdefault(evaluator, {})[kind] = [
+                [None if np.isnan(v) else float(v) for v in row] for row in matrix
+            ]
+    return summaries, per_example

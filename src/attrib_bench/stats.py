@@ -1,0 +1,55 @@
+"""Summaries of per-example scores: mean, spread, a seeded bootstrap CI, and NaNs counted apart."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+BOOTSTRAP_RESAMPLES = 1000
+
+
+def bootstrap_ci(values: np.ndarray, seed: int, resamples: int = BOOTSTRAP_RESAMPLES) -> list:
+    """Percentile bootstrap 95% interval of the mean; [nan, nan] with fewer than 2 values."""
+    if len(values) < 2:
+        return [math.nan, math.nan]
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, len(values), size=(resamples, len(values)))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return [float(low), float(high)]
+
+
+def summarize(values: np.ndarray, seed: int) -> dict:
+    """Summary of one layer's per-example scores; NaN examples are counted, never averaged."""
+    values = np.asarray(values, dtype=float)
+    finite = values[~np.isnan(values)]
+    return {
+        "mean": float(finite.mean()) if len(finite) else math.nan,
+        "std": float(finite.std(ddof=1)) if len(finite) > 1 else math.nan,
+        "ci95": bootstrap_ci(finite, seed),
+        "n": len(finite),
+        "nan": int(np.isnan(values).sum()),
+    }
+
+
+def rank_rows(values: np.ndarray) -> np.ndarray:
+    """Average ranks along the last axis (ties share their mean rank, as scipy.stats.rankdata)."""
+    from scipy.stats import rankdata
+
+    return rankdata(values, axis=-1)
+
+
+def spearman_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Spearman correlation of each row of ``a`` with the matching row of ``b`` (shape (..., n)).
+
+    Equal to ``scipy.stats.spearmanr`` per row (Pearson of average ranks); NaN where a row is
+    constant, as scipy returns.
+    """
+    ra = rank_rows(a)
+    rb = rank_rows(np.broadcast_to(b, a.shape))
+    ra = ra - ra.mean(axis=-1, keepdims=True)
+    rb = rb - rb.mean(axis=-1, keepdims=True)
+    denominator = np.sqrt((ra**2).sum(axis=-1) * (rb**2).sum(axis=-1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        result = (ra * rb).sum(axis=-1) / denominator
+    return np.where(denominator > 0, result, np.nan)
