@@ -47,7 +47,9 @@ def _save_tiny(directory: Path, family: str) -> Path:
         model = BertForSequenceClassification(BertConfig(max_position_embeddings=128, **common))
     else:
         config = RobertaConfig(
-            max_position_embeddings=130, pad_token_id=tokenizer.pad_token_id, type_vocab_size=1,
+            max_position_embeddings=130,
+            pad_token_id=tokenizer.pad_token_id,
+            type_vocab_size=1,
             **common,
         )
         model = RobertaForSequenceClassification(config)

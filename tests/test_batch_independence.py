@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import examples, one_batch, rows_by_id
 
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import TRACE_FIELDS, trace_batch
 from attrib_bench.plugins import load_registry
-from helpers import examples, one_batch, rows_by_id
 
 #: Every built-in attributor, IG with few steps to stay fast.
 SPECS = ["attention", "rollout", "saliency", "gradient", "integrated-gradients:steps=4", "random"]

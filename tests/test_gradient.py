@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 from captum.attr import InputXGradient, IntegratedGradients
+from helpers import examples, one_batch
 
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
-from attrib_bench_plugins.gradient import Gradient, IntegratedGradients as OurIG, Saliency
-from helpers import examples, one_batch
+from attrib_bench_plugins.gradient import Gradient, Saliency
+from attrib_bench_plugins.gradient import IntegratedGradients as OurIG
 
 
 @pytest.fixture(scope="module")
@@ -79,14 +80,19 @@ def test_integrated_gradients_equals_captum_on_embedding_output(setup):
     batch = trace.batch
     pad = loaded.tokenizer.pad_token_id
     baseline_ids = torch.where(
-        batch.special_tokens_mask_BN.bool(), batch.input_ids_BN, torch.full_like(batch.input_ids_BN, pad)
+        batch.special_tokens_mask_BN.bool(),
+        batch.input_ids_BN,
+        torch.full_like(batch.input_ids_BN, pad),
     )
     with torch.no_grad():
         baseline = loaded.model.base_model.embeddings(
             input_ids=baseline_ids, token_type_ids=batch.token_type_ids_BN
         )
     direct, delta = IntegratedGradients(forward).attribute(
-        start, baselines=baseline, target=trace.predicted_B, n_steps=8,
+        start,
+        baselines=baseline,
+        target=trace.predicted_B,
+        n_steps=8,
         return_convergence_delta=True,
     )
     ours = OurIG().configure({"steps": "8"}).attribute(trace).aggregated_BLN[:, 0]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import examples, full_trace, one_batch
 
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
-from helpers import examples, full_trace, one_batch
 
 
 @pytest.fixture(scope="module")

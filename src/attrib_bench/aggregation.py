@@ -32,11 +32,11 @@ def fixed_residual(matrix_BNK: torch.Tensor, mask_BN: torch.Tensor, ratio: float
 
 def rollout(matrices: list[torch.Tensor], mask_BN: torch.Tensor) -> torch.Tensor:
     """Row 0 of R^l for every layer: (B, L, N), from per-layer matrices M^l of shape (B, N, N)."""
-    keep = pair_mask(mask_BN).to(matrices[0].dtype)
+    keep = pair_mask(mask_BN).bool()
     rows = []
     product = None
     for matrix in matrices:
-        matrix = matrix * keep
+        matrix = torch.where(keep, matrix, 0.0)
         product = matrix if product is None else matrix @ product
         rows.append(product[:, 0, :])
     return torch.stack(rows, dim=1)
@@ -49,8 +49,8 @@ def layerwise_attribution(
 
     ``normalize`` rescales each M^l's rows to sum to 1 before rolling out.
     """
-    keep = pair_mask(mask_BN).to(matrices[0].dtype)
-    matrices = [m * keep for m in matrices]
+    keep = pair_mask(mask_BN).bool()
+    matrices = [torch.where(keep, m, 0.0) for m in matrices]  # padded rows may hold NaN
     if normalize:
         matrices = [normalize_rows(m) for m in matrices]
     local = torch.stack([m[:, 0, :] for m in matrices], dim=1)
