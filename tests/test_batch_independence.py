@@ -11,7 +11,21 @@ from attrib_bench.model.trace import TRACE_FIELDS, trace_batch
 from attrib_bench.plugins import load_registry
 
 #: Every built-in attributor, IG with few steps to stay fast.
-SPECS = ["attention", "rollout", "saliency", "gradient", "integrated-gradients:steps=4", "random"]
+SPECS = [
+    "attention",
+    "rollout",
+    "norm",
+    "norm-res",
+    "norm-resln",
+    "globenc",
+    "norm-fixedres",
+    "attention-res",
+    "norm:normalize_rows=true",
+    "saliency",
+    "gradient",
+    "integrated-gradients:steps=4",
+    "random",
+]
 
 
 @pytest.fixture(scope="module")

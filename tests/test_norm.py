@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import examples, full_trace
 
 from attrib_bench.model.load import load_model
 from attrib_bench.plugins import load_registry
 from attrib_bench_plugins.norm import decompose, layer_inputs, norm_family, query_chunks
-from helpers import examples, full_trace
 
 FAMILY = [
     "attention",

@@ -24,14 +24,24 @@ def write_attributions(config: RunConfig, output: Path, quiet: bool = False) -> 
     included (one entry for whole-model methods); ``local``: the single-layer rows, or null.
     """
     torch.manual_seed(config.seed)
-    prepared = prepare(config)
+    prepared = prepare(config, quiet)
     registry = prepared.registry
     specs = [Spec.parse(s) for s in (config.attributors or sorted(registry.attributors))]
     methods = [MethodState(str(s), registry.attributor(s)) for s in specs]
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(output.name + ".tmp")
+    try:
+        _write(prepared, methods, config.seed, temporary, quiet)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    temporary.replace(output)
+    return not any(m.error for m in methods)
+
+
+def _write(prepared, methods: list[MethodState], seed: int, temporary: Path, quiet: bool) -> None:
     with temporary.open("w") as handle:
-        for trace, results in attribution_stream(prepared, methods, config.seed, quiet=quiet):
+        for trace, results in attribution_stream(prepared, methods, seed, quiet=quiet):
             batch = trace.batch
             for row, (example, length) in enumerate(
                 zip(batch.examples, batch.lengths, strict=True)
@@ -48,5 +58,3 @@ def write_attributions(config: RunConfig, output: Path, quiet: bool = False) -> 
         for method in methods:
             if method.error:
                 handle.write(json.dumps({"method": method.spec, "error": method.error}) + "\n")
-    temporary.replace(output)
-    return not any(m.error for m in methods)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from attrib_bench import __version__
 from attrib_bench.console import stderr
@@ -91,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     finetune = commands.add_parser("finetune", help="fine-tune an encoder as a classifier")
     finetune.add_argument("--model", help="encoder hub id or local directory (default: MiniLM)")
     _add_data_options(finetune)
-    finetune.set_defaults(split="train")
+    finetune.set_defaults(split=None)
     finetune.add_argument("--output", type=Path, help="copy the fine-tuned model here")
     finetune.add_argument("--epochs", type=int, default=1)
     finetune.add_argument("--learning-rate", type=float, default=5e-5)
@@ -163,7 +164,7 @@ def _run(args: argparse.Namespace, out: Console) -> int:
         if evaluator["status"] == "ok":
             out.print(leaderboard(document, name))
         else:
-            out.print(f"[red]evaluator {name} failed:[/] {evaluator['error']}")
+            out.print(f"[red]evaluator {name} failed:[/] {escape(str(evaluator['error']))}")
     if args.output:
         write_json(document, args.output)
         stderr.print(f"results written to {args.output}")
@@ -214,17 +215,25 @@ COMMANDS = {"list": _list, "run": _run, "attribute": _attribute, "finetune": _fi
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser().parse_args(argv)
+    import datasets
     import transformers
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    out = Console()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    # Wide tables in logs and pipes; a terminal keeps its own width.
+    out = Console() if sys.stdout.isatty() else Console(width=160)
     try:
         return int(COMMANDS[args.command](args, out))
     except UsageError as error:
-        stderr.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+        stderr.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
         return int(ExitCode.USAGE_ERROR)
 
 
 def entry() -> None:
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -16,7 +17,7 @@ stderr = Console(stderr=True)
 
 
 def warn(message: str) -> None:
-    stderr.print(f"[bold yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+    stderr.print(f"[bold yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def progress(disable: bool = False) -> Progress:

@@ -22,6 +22,7 @@ from attrib_bench import hookspecs
 from attrib_bench.console import warn
 from attrib_bench.errors import UsageError, unknown_choice
 from attrib_bench.interfaces import Attributor, Evaluator
+from attrib_bench.model.trace import TRACE_FIELDS
 
 ENTRY_POINT_GROUP = "attrib_bench"
 
@@ -98,6 +99,7 @@ def _import_file(path: Path) -> ModuleType:
     try:
         spec.loader.exec_module(module)
     except Exception as error:
+        del sys.modules[module_name]
         raise UsageError(f"error importing plugin file {str(path)!r}: {error!r}") from error
     return module
 
@@ -133,6 +135,12 @@ def _collect(pm: pluggy.PluginManager, hook_name: str, kind: str, protocol: type
                 raise UsageError(
                     f"plugin {impl.plugin_name} returned {obj!r}, which is not an {kind}: "
                     f"it needs the attributes of attrib_bench.{protocol.__name__}"
+                )
+            unknown = set(getattr(obj, "requires", ())) - TRACE_FIELDS
+            if unknown:
+                raise UsageError(
+                    f"{kind} {obj.name!r} from {impl.plugin_name} requires unknown trace fields "
+                    f"{sorted(unknown)}; valid: {', '.join(sorted(TRACE_FIELDS))}"
                 )
             if obj.name in table:
                 raise UsageError(

@@ -17,7 +17,7 @@ import torch
 from attrib_bench import console
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import LoadedData, load_examples
-from attrib_bench.errors import UsageError
+from attrib_bench.errors import UsageError, unknown_choice
 from attrib_bench.interfaces import KINDS, Attribution, Batch, EvalContext
 from attrib_bench.model.load import LoadedModel, load_model
 from attrib_bench.model.trace import Trace, trace_batch
@@ -76,21 +76,23 @@ class Prepared:
     max_length: int
 
 
-def resolve_model(name: str | None, device: str) -> LoadedModel:
+def resolve_model(name: str | None, device: str, quiet: bool = False) -> LoadedModel:
     if name is None:
         from attrib_bench.model.finetune import ensure_default_model
 
-        name = str(ensure_default_model(device))
+        name = str(ensure_default_model(device, quiet))
     return load_model(name, device)
 
 
-def prepare(config: RunConfig) -> Prepared:
+def prepare(config: RunConfig, quiet: bool = False) -> Prepared:
     """Resolve plugins first (cheap, catches typos), then the model and the data."""
     registry = load_registry(config.plugins)
     for spec in config.attributors or []:
         registry.attributor(spec)
     for spec in config.evaluators or []:
         registry.evaluator(spec)
+    if Spec.parse(config.reference).name not in registry.attributors:
+        raise unknown_choice("reference attributor", config.reference, registry.attributors)
     if config.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {config.batch_size}")
     data = load_examples(
@@ -101,7 +103,7 @@ def prepare(config: RunConfig) -> Prepared:
         config.label_column,
         config.limit,
     )
-    loaded = resolve_model(config.model, config.device)
+    loaded = resolve_model(config.model, config.device, quiet)
     max_length = loaded.max_length
     if config.max_length is not None:
         if config.max_length < 3:
@@ -166,7 +168,7 @@ def run_benchmark(config: RunConfig, quiet: bool = False) -> dict[str, Any]:
     from attrib_bench.results import build_result
 
     torch.manual_seed(config.seed)
-    prepared = prepare(config)
+    prepared = prepare(config, quiet)
     registry = prepared.registry
     specs = [Spec.parse(s) for s in (config.attributors or sorted(registry.attributors))]
     methods = [MethodState(str(s), registry.attributor(s)) for s in specs]
@@ -181,7 +183,7 @@ def run_benchmark(config: RunConfig, quiet: bool = False) -> dict[str, Any]:
         reference_method = MethodState(reference_spec, registry.attributor(config.reference))
         extra = [reference_method]
     evaluator_errors: dict[str, str] = {}
-    for trace, results in attribution_stream(prepared, methods + extra, config.seed):
+    for trace, results in attribution_stream(prepared, methods + extra, config.seed, quiet=quiet):
         reference = results.get(reference_spec)
         for name, evaluator in evaluators.items():
             if name in evaluator_errors:

@@ -71,9 +71,16 @@ def _load_local(path: Path, split: str | None) -> tuple[datasets.Dataset, str]:
         raise unknown_choice("data file type", path.suffix or path.name, FILE_BUILDERS)
     chosen = _pick_split(list(files), split, str(path))
     builder, options = FILE_BUILDERS[files[chosen].suffix]
-    dataset = datasets.load_dataset(
-        builder, data_files={chosen: str(files[chosen])}, split=chosen, **options
-    )
+    try:
+        # datasets accepts only \w+ split names: read the file as "data", report its own name
+        dataset = datasets.load_dataset(
+            builder, data_files={"data": str(files[chosen])}, split="data", **options
+        )
+    except (ValueError, datasets.exceptions.DatasetGenerationError) as error:
+        raise UsageError(
+            f"cannot read {str(files[chosen])!r}: no examples or not a table "
+            f"({type(error).__name__})"
+        ) from None
     return dataset, chosen
 
 
@@ -119,6 +126,19 @@ def _columns(
     return text, pair, label
 
 
+def _label(value: object, column: str, dataset: str) -> int | None:
+    """An integer class id; None for a missing label (GLUE marks test labels -1)."""
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise UsageError(
+            f"label column {column!r} of dataset {dataset!r} holds {value!r}, not an integer "
+            "class id; convert the labels or choose another column with --label-column"
+        ) from None
+
+
 def _default(split: str | None, limit: int | None) -> LoadedData:
     splits = generate_default_dataset(DEFAULT_SEED, DEFAULT_SIZE)
     chosen = _pick_split(list(splits), split or "test", DEFAULT_DATASET)
@@ -154,13 +174,13 @@ def load_examples(
         rows = dataset if limit is None else dataset.select(range(min(limit, len(dataset))))
         examples = []
         for index, row in enumerate(rows):
-            gold = row[label] if label else None
+            gold = _label(row[label], label, name) if label else None
             examples.append(
                 Example(
                     id=str(row[id_column]) if id_column else str(index),
                     text=str(row[text]),
                     text_pair=str(row[pair]) if pair else None,
-                    label=int(gold) if gold is not None and int(gold) >= 0 else None,
+                    label=gold if gold is not None and gold >= 0 else None,
                 )
             )
         key = json.dumps([dataset._fingerprint, chosen, text, pair, label, limit])

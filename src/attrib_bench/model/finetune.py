@@ -42,7 +42,7 @@ def cache_root() -> Path:
 class FinetuneConfig:
     model: str
     dataset: str | None = None
-    split: str = "train"
+    split: str | None = "train"
     text_column: str | None = None
     text_pair_column: str | None = None
     label_column: str | None = None
@@ -91,9 +91,20 @@ def _accuracy(loaded: LoadedModel, data: LoadedData, batch_size: int, max_length
     return correct / len(data.examples)
 
 
-def _eval_data(config: FinetuneConfig) -> LoadedData | None:
+def _train_data(config: FinetuneConfig) -> LoadedData:
+    """The training split: as given, else ``train``, else a single file's only split."""
+    columns = (config.text_column, config.text_pair_column, config.label_column)
+    if config.split is not None:
+        return load_examples(config.dataset, config.split, *columns, config.limit)
+    try:
+        return load_examples(config.dataset, "train", *columns, config.limit)
+    except UsageError:
+        return load_examples(config.dataset, None, *columns, config.limit)
+
+
+def _eval_data(config: FinetuneConfig, train_split: str) -> LoadedData | None:
     for split in EVAL_SPLITS:
-        if split == config.split:
+        if split == train_split:
             continue
         try:
             return load_examples(
@@ -141,14 +152,14 @@ def finetune(
     The result is stored under the cache keyed by every input that changes the weights; with
     ``output`` it is also copied there.
     """
-    train = load_examples(
-        config.dataset,
-        config.split,
-        config.text_column,
-        config.text_pair_column,
-        config.label_column,
-        config.limit,
-    )
+    for name, value in (
+        ("batch-size", config.batch_size),
+        ("epochs", config.epochs),
+        ("max-length", config.max_length),
+    ):
+        if value < 1:
+            raise UsageError(f"--{name} must be at least 1, got {value}")
+    train = _train_data(config)
     if train.num_labels is None:
         raise UsageError(f"dataset {train.name!r} split {train.split!r} has no labels to train on")
     target = cache_root() / "models" / cache_key(config, train.fingerprint)
@@ -156,9 +167,10 @@ def finetune(
         start = time.perf_counter()
         loaded = _train(config, train, device, quiet)
         seconds = time.perf_counter() - start
-        evaluation = _eval_data(config)
+        evaluation = _eval_data(config, train.split)
         metadata = {
             "config": asdict(config),
+            "train_split": train.split,
             "train_examples": len(train.examples),
             "train_fingerprint": train.fingerprint,
             "seconds": round(seconds, 1),
