@@ -9,14 +9,22 @@ for token i of one post-LN layer, with f^h(x_j) = (x_j W_V^h + b_V^h) W_O^h (b_O
     e_ij = gamma2 (y_ij - mean(y_ij)) / sqrt(var(u2_i) + eps2)   N-Enc_ij  = ||e_ij|| (GlobEnc)
 
 with u1_i, u2_i the real pre-LayerNorm vectors (the FFN enters only through var(u2_i); beta1,
-beta2 dropped). All variants come from one pass over each layer, computed once per batch and
-shared by the family; z is formed for a chunk of query rows at a time, never as (H, n, n, d).
-Rollout of N, N-Res, N-ResLN and N-Enc uses no row normalisation and no identity (official code);
-``normalize_rows=true`` rescales rows first.
+beta2 dropped). Rollout of N, N-Res, N-ResLN and N-Enc uses no row normalisation and no identity
+(official code); ``normalize_rows=true`` rescales rows first.
+
+How it is computed: every vector above is a linear map m applied to z_ij (plus x_i on the
+diagonal), and m(z_ij) = sum_h alpha^h_ij m(f^h(x_j)). So off the diagonal
+||m(z_ij)||^2 = alpha_ij^T G_j alpha_ij with the per-key Gram matrix G_j[h, g] =
+<m(f^h(x_j)), m(f^g(x_j))>, an H x H matrix: no (n, n, d) tensor is ever formed, the largest
+tensor is the size of the attention probabilities, and the cost is n^2 H^2 instead of n^2 H d.
+The quadratic forms run in float64 (cancellation between heads would cost float32 digits); the
+diagonal, where the residual enters, is computed from the vectors directly. All variants of a
+layer come from this one computation, done once per batch and shared by the whole family.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,8 +35,6 @@ from attrib_bench.aggregation import fixed_residual, layerwise_attribution, norm
 from attrib_bench_plugins.attention import head_mean_attention
 
 REQUIRES = frozenset({"attentions", "hidden_states", "values", "pre_layernorm"})
-#: Upper bound on the elements of one (B, q, N, D) chunk of z (about 64 MB in float32).
-CHUNK_ELEMENTS = 16 * 1024 * 1024
 VARIANTS = ("norm", "norm-res", "norm-resln", "globenc")
 
 
@@ -53,6 +59,14 @@ class LayerInputs:
     gamma1_D: torch.Tensor
     gamma2_D: torch.Tensor
 
+    def ln1_map(self, v: torch.Tensor) -> torch.Tensor:
+        """The numerator of g1: gamma1 * (v - mean(v)); g1_i(v) = ln1_map(v) * scale1_i."""
+        return self.gamma1_D * _centered(v)
+
+    def enc_map(self, v: torch.Tensor) -> torch.Tensor:
+        """The numerator of the LN2-decomposed vector; e_i(v) = enc_map(v) * scale1_i * scale2_i."""
+        return self.gamma2_D * _centered(self.ln1_map(v))
+
 
 def layer_inputs(trace: Trace, layer: int) -> LayerInputs:
     params = trace.adapter.layer_params(layer)
@@ -68,43 +82,60 @@ def layer_inputs(trace: Trace, layer: int) -> LayerInputs:
     )
 
 
-def decompose(inputs: LayerInputs, rows: slice) -> dict[str, torch.Tensor]:
-    """The decomposed vectors z, r, y, e (each (B, q, N, D)) of the query rows ``rows``."""
-    start, q = rows.start, rows.stop - rows.start
-    z_BQKD = torch.einsum(
-        "bhqk,bhkd->bqkd", inputs.attention_BHNK[:, :, rows], inputs.transformed_BHKD
-    )
-    r_BQKD = z_BQKD.clone()
-    own = torch.arange(q, device=z_BQKD.device)
-    r_BQKD[:, own, own + start] += inputs.x_BND[:, rows]  # the residual, on the diagonal only
-    y_BQKD = inputs.gamma1_D * _centered(r_BQKD) * inputs.scale1_BN1[:, rows, None]
-    e_BQKD = inputs.gamma2_D * _centered(y_BQKD) * inputs.scale2_BN1[:, rows, None]
-    return {"z": z_BQKD, "r": r_BQKD, "y": y_BQKD, "e": e_BQKD}
+def decompose(inputs: LayerInputs) -> dict[str, torch.Tensor]:
+    """The decomposed vectors z, r, y, e, each (B, N, K, D), written out as in the spec.
+
+    Memory grows as n^2 d: for inspection and tests; the attributors use the Gram form.
+    """
+    z_BNKD = torch.einsum("bhnk,bhkd->bnkd", inputs.attention_BHNK, inputs.transformed_BHKD)
+    r_BNKD = z_BNKD.clone()
+    own = torch.arange(z_BNKD.shape[1], device=z_BNKD.device)
+    r_BNKD[:, own, own] += inputs.x_BND  # the residual, on the diagonal only
+    y_BNKD = inputs.ln1_map(r_BNKD) * inputs.scale1_BN1[:, :, None]
+    e_BNKD = inputs.enc_map(r_BNKD) * (inputs.scale1_BN1 * inputs.scale2_BN1)[:, :, None]
+    return {"z": z_BNKD, "r": r_BNKD, "y": y_BNKD, "e": e_BNKD}
 
 
-def query_chunks(tokens: int, batch: int, hidden: int) -> list[slice]:
-    """Query-row chunks small enough that one (B, q, N, D) tensor stays under CHUNK_ELEMENTS."""
-    step = max(1, CHUNK_ELEMENTS // max(1, batch * tokens * hidden))
-    return [slice(s, min(tokens, s + step)) for s in range(0, tokens, step)]
+def _mixed_norms(inputs: LayerInputs, linear_map: Callable[[torch.Tensor], torch.Tensor]):
+    """||linear_map(z_ij)|| for all i, j through per-key Gram matrices, (B, N, K) in float64."""
+    mapped_BHKD = linear_map(inputs.transformed_BHKD).double()
+    gram_BKHG = torch.einsum("bhkd,bgkd->bkhg", mapped_BHKD, mapped_BHKD)
+    attention_BHNK = inputs.attention_BHNK.double()
+    weighted_BGNK = torch.einsum("bhnk,bkhg->bgnk", attention_BHNK, gram_BKHG)
+    squared_BNK = (weighted_BGNK * attention_BHNK).sum(dim=1)
+    return squared_BNK.clamp_min(0).sqrt()
 
 
 def layer_norms(trace: Trace, layer: int) -> dict[str, torch.Tensor]:
     """The four (B, N, N) norm matrices of one layer and the N-Enc mixing ratio r_i (B, N)."""
     inputs = layer_inputs(trace, layer)
-    batch, tokens, hidden = inputs.x_BND.shape
-    like = {"dtype": inputs.x_BND.dtype, "device": inputs.x_BND.device}
-    out = {name: torch.zeros(batch, tokens, tokens, **like) for name in VARIANTS}
-    ratio_BN = torch.zeros(batch, tokens, **like)
-    for rows in query_chunks(tokens, batch, hidden):
-        vectors = decompose(inputs, rows)
-        for name, key in zip(VARIANTS, ("z", "r", "y", "e"), strict=True):
-            out[name][:, rows] = vectors[key].norm(dim=-1)
-        own = torch.arange(rows.stop - rows.start, device=ratio_BN.device)
-        own_BQD = vectors["y"][:, own, own + rows.start]
-        context_BQ = (vectors["y"].sum(dim=2) - own_BQD).norm(dim=-1)
-        ratio_BN[:, rows] = context_BQ / (context_BQ + own_BQD.norm(dim=-1))
-    out["mixing_ratio"] = ratio_BN
-    return out
+    dtype = inputs.x_BND.dtype
+    scale1_BN1 = inputs.scale1_BN1.double()
+    scale12_BN1 = scale1_BN1 * inputs.scale2_BN1.double()
+    diagonal_BHN = inputs.attention_BHNK.diagonal(dim1=-2, dim2=-1)
+    own_BND = torch.einsum("bhn,bhnd->bnd", diagonal_BHN, inputs.transformed_BHKD) + inputs.x_BND
+    plain_BNK = _mixed_norms(inputs, lambda v: v)
+    out = {"norm": plain_BNK, "norm-res": plain_BNK.clone()}
+    out["norm-resln"] = _mixed_norms(inputs, inputs.ln1_map) * scale1_BN1
+    out["globenc"] = _mixed_norms(inputs, inputs.enc_map) * scale12_BN1
+    own_r_BN = own_BND.double().norm(dim=-1)
+    own_y_BND = inputs.ln1_map(own_BND).double() * scale1_BN1
+    own_e_BN = inputs.enc_map(own_BND).double().norm(dim=-1) * scale12_BN1[..., 0]
+    for name, own_BN in (
+        ("norm-res", own_r_BN),
+        ("norm-resln", own_y_BND.norm(dim=-1)),
+        ("globenc", own_e_BN),
+    ):
+        out[name].diagonal(dim1=-2, dim2=-1).copy_(own_BN)
+    # r_i = ||sum_{j != i} y_ij|| / (||sum_{j != i} y_ij|| + ||y_ii||), with sum_j r_ij computed
+    # as the attention output plus the residual.
+    mixed_BND = torch.einsum("bhnk,bhkd->bnd", inputs.attention_BHNK, inputs.transformed_BHKD)
+    total_y_BND = inputs.ln1_map(mixed_BND + inputs.x_BND).double() * scale1_BN1
+    context_BN = (total_y_BND - own_y_BND).norm(dim=-1)
+    ratio_BN = context_BN / (context_BN + own_y_BND.norm(dim=-1))
+    result = {name: out[name].to(dtype) for name in VARIANTS}
+    result["mixing_ratio"] = ratio_BN.to(dtype)
+    return result
 
 
 def norm_family(trace: Trace) -> list[dict[str, torch.Tensor]]:

@@ -8,7 +8,7 @@ from helpers import examples, full_trace
 
 from attrib_bench.model.load import load_model
 from attrib_bench.plugins import load_registry
-from attrib_bench_plugins.norm import decompose, layer_inputs, norm_family, query_chunks
+from attrib_bench_plugins.norm import decompose, layer_inputs, layer_norms, norm_family
 
 FAMILY = [
     "attention",
@@ -34,8 +34,7 @@ def test_decomposition_sums_back_to_the_layer(loaded):
     for layer in range(trace.num_layers):
         params = trace.adapter.layer_params(layer)
         inputs = layer_inputs(trace, layer)
-        tokens = mask.shape[1]
-        vectors = decompose(inputs, slice(0, tokens))
+        vectors = decompose(inputs)
         u1 = trace.pre_ln1[layer]
         torch.testing.assert_close(
             (vectors["r"].sum(dim=2) + params.output_bias_D)[mask], u1[mask], rtol=1e-4, atol=1e-4
@@ -54,15 +53,16 @@ def test_decomposition_sums_back_to_the_layer(loaded):
         )
 
 
-def test_chunking_changes_nothing(loaded, monkeypatch):
+def test_gram_form_equals_norms_of_the_explicit_vectors(loaded):
+    """The attributors' per-key Gram computation equals ||vector|| of the spec's vectors."""
     trace = full_trace(loaded, examples())
-    whole = norm_family(trace)
-    monkeypatch.setattr("attrib_bench_plugins.norm.CHUNK_ELEMENTS", 1)  # one query row a chunk
-    assert len(query_chunks(trace.mask_BN.shape[1], 5, 32)) == trace.mask_BN.shape[1]
-    chunked = norm_family(full_trace(loaded, examples()))
-    for a, b in zip(whole, chunked, strict=True):
-        for key in a:
-            torch.testing.assert_close(a[key], b[key], equal_nan=True)
+    keep = trace.mask_BN.bool()[:, :, None] & trace.mask_BN.bool()[:, None, :]
+    for layer in range(trace.num_layers):
+        vectors = decompose(layer_inputs(trace, layer))
+        norms = layer_norms(trace, layer)
+        for name, key in (("norm", "z"), ("norm-res", "r"), ("norm-resln", "y"), ("globenc", "e")):
+            expected = vectors[key].norm(dim=-1)
+            torch.testing.assert_close(norms[name][keep], expected[keep], rtol=1e-4, atol=1e-5)
 
 
 def test_family_is_computed_once_per_batch(loaded, monkeypatch):

@@ -126,7 +126,8 @@ def attribution_stream(
 ) -> Iterator[tuple[Trace, dict[str, Attribution]]]:
     """Per batch: one trace, then every still-working method's attribution of it.
 
-    Each method's time includes the shared forward pass when it reads trace internals.
+    Each method is charged its standalone cost: the shared forward pass, its own time, and
+    every shared intermediate it read (whichever method computed it first).
     """
     requires = set().union(*(m.attributor.requires for m in methods))
     with console.progress(disable=quiet) as bar:
@@ -140,6 +141,8 @@ def attribution_stream(
             for method in methods:
                 if method.error is not None:
                     continue
+                computed_before = set(trace.memo_seconds)
+                trace.accessed = set()
                 start = time.perf_counter()
                 try:
                     results[method.spec] = method.attributor.attribute(trace)
@@ -149,7 +152,8 @@ def attribution_stream(
                     method.error = f"{type(error).__name__}: {error}"
                     console.warn(f"{method.spec} failed and is dropped: {method.error}")
                     continue
-                method.seconds += time.perf_counter() - start + trace_seconds
+                elapsed = time.perf_counter() - start
+                method.seconds += trace.standalone_seconds(elapsed, computed_before) + trace_seconds
                 method.examples += len(batch.examples)
             yield trace, results
             bar.advance(task, len(batch.examples))

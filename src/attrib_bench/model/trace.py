@@ -6,6 +6,7 @@ that. Attributors read the trace; they never rerun the model for what the forwar
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,9 @@ class Trace:
     shared: dict[str, Any] = field(default_factory=dict)
     #: The run's seed, for methods with randomness (baselines, sampling).
     seed: int = 0
+    #: Seconds spent computing each memo entry, and the entries read since ``reset_access``.
+    memo_seconds: dict[str, float] = field(default_factory=dict)
+    accessed: set[str] = field(default_factory=set)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -67,10 +71,23 @@ class Trace:
         return self.batch.attention_mask_BN
 
     def memo(self, key: str, compute: Callable[[], Any]) -> Any:
-        """Return ``shared[key]``, computing it on first use within this batch."""
+        """Return ``shared[key]``, computing it on first use within this batch.
+
+        Its compute time is recorded so that every method reading it is charged the same
+        standalone cost, whichever of them happened to run first.
+        """
         if key not in self.shared:
+            start = time.perf_counter()
             self.shared[key] = compute()
+            self.memo_seconds[key] = time.perf_counter() - start
+        self.accessed.add(key)
         return self.shared[key]
+
+    def standalone_seconds(self, elapsed: float, computed_before: set[str]) -> float:
+        """A method's cost as if run alone: its own time plus every shared piece it read."""
+        computed_now = set(self.memo_seconds) - computed_before
+        own = elapsed - sum(self.memo_seconds[k] for k in computed_now)
+        return own + sum(self.memo_seconds[k] for k in self.accessed)
 
     def need(self, name: str) -> tuple[torch.Tensor, ...]:
         """A captured field, or a clear error when the attributor forgot to declare it."""
