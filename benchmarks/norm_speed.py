@@ -24,17 +24,8 @@ from attrib_bench.interfaces import Example
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import TRACE_FIELDS, trace_batch
 from attrib_bench.plugins import load_registry
+from attrib_bench_plugins.norm import GLOBENC_EIGHT
 
-FAMILY = [
-    "attention",
-    "rollout",
-    "norm",
-    "norm-res",
-    "norm-resln",
-    "globenc",
-    "norm-fixedres",
-    "attention-res",
-]
 SST2_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2"
 RESULTS = Path(__file__).parent / "results"
 
@@ -112,7 +103,7 @@ def main() -> None:
         args.model = str(ensure_default_model(args.device))
     loaded = load_model(args.model, args.device)
     registry = load_registry()
-    attributors = [registry.attributor(name) for name in FAMILY]
+    attributors = [registry.attributor(name) for name in GLOBENC_EIGHT]
     data = load_examples(str(SST2_DEV), "dev")
     batches, _ = make_batches(data.examples, loaded.tokenizer, args.batch_size, 512)
     batches = [b.to(loaded.device) for b in batches]

@@ -36,6 +36,17 @@ from attrib_bench_plugins.attention import head_mean_attention
 
 REQUIRES = frozenset({"attentions", "hidden_states", "values", "pre_layernorm"})
 VARIANTS = ("norm", "norm-res", "norm-resln", "globenc")
+#: The official GlobEnc notebook's eight methods, by their attrib-bench names.
+GLOBENC_EIGHT = (
+    "attention",
+    "rollout",
+    "norm",
+    "norm-res",
+    "norm-resln",
+    "globenc",
+    "norm-fixedres",
+    "attention-res",
+)
 
 
 def _centered(v: torch.Tensor) -> torch.Tensor:
@@ -96,14 +107,20 @@ def decompose(inputs: LayerInputs) -> dict[str, torch.Tensor]:
     return {"z": z_BNKD, "r": r_BNKD, "y": y_BNKD, "e": e_BNKD}
 
 
-def _mixed_norms(inputs: LayerInputs, linear_map: Callable[[torch.Tensor], torch.Tensor]):
-    """||linear_map(z_ij)|| for all i, j through per-key Gram matrices, (B, N, K) in float64."""
+def _mixed_norms(
+    inputs: LayerInputs,
+    attention_BKNH: torch.Tensor,
+    linear_map: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """||linear_map(z_ij)|| for all i, j through per-key Gram matrices, (B, N, K) in float64.
+
+    ``attention_BKNH`` is the attention in float64 with keys leading, so that the contraction
+    with each key's Gram matrix is one batched matmul.
+    """
     mapped_BHKD = linear_map(inputs.transformed_BHKD).double()
     gram_BKHG = torch.einsum("bhkd,bgkd->bkhg", mapped_BHKD, mapped_BHKD)
-    attention_BHNK = inputs.attention_BHNK.double()
-    weighted_BGNK = torch.einsum("bhnk,bkhg->bgnk", attention_BHNK, gram_BKHG)
-    squared_BNK = (weighted_BGNK * attention_BHNK).sum(dim=1)
-    return squared_BNK.clamp_min(0).sqrt()
+    squared_BKN = (torch.matmul(attention_BKNH, gram_BKHG) * attention_BKNH).sum(dim=-1)
+    return squared_BKN.transpose(1, 2).clamp_min(0).sqrt()
 
 
 def layer_norms(trace: Trace, layer: int) -> dict[str, torch.Tensor]:
@@ -114,10 +131,11 @@ def layer_norms(trace: Trace, layer: int) -> dict[str, torch.Tensor]:
     scale12_BN1 = scale1_BN1 * inputs.scale2_BN1.double()
     diagonal_BHN = inputs.attention_BHNK.diagonal(dim1=-2, dim2=-1)
     own_BND = torch.einsum("bhn,bhnd->bnd", diagonal_BHN, inputs.transformed_BHKD) + inputs.x_BND
-    plain_BNK = _mixed_norms(inputs, lambda v: v)
+    attention_BKNH = inputs.attention_BHNK.double().permute(0, 3, 2, 1).contiguous()
+    plain_BNK = _mixed_norms(inputs, attention_BKNH, lambda v: v)
     out = {"norm": plain_BNK, "norm-res": plain_BNK.clone()}
-    out["norm-resln"] = _mixed_norms(inputs, inputs.ln1_map) * scale1_BN1
-    out["globenc"] = _mixed_norms(inputs, inputs.enc_map) * scale12_BN1
+    out["norm-resln"] = _mixed_norms(inputs, attention_BKNH, inputs.ln1_map) * scale1_BN1
+    out["globenc"] = _mixed_norms(inputs, attention_BKNH, inputs.enc_map) * scale12_BN1
     own_r_BN = own_BND.double().norm(dim=-1)
     own_y_BND = inputs.ln1_map(own_BND).double() * scale1_BN1
     own_e_BN = inputs.enc_map(own_BND).double().norm(dim=-1) * scale12_BN1[..., 0]

@@ -9,17 +9,11 @@ from helpers import examples, one_batch, rows_by_id
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import TRACE_FIELDS, trace_batch
 from attrib_bench.plugins import load_registry
+from attrib_bench_plugins.norm import GLOBENC_EIGHT
 
 #: Every built-in attributor, IG with few steps to stay fast.
 SPECS = [
-    "attention",
-    "rollout",
-    "norm",
-    "norm-res",
-    "norm-resln",
-    "globenc",
-    "norm-fixedres",
-    "attention-res",
+    *GLOBENC_EIGHT,
     "norm:normalize_rows=true",
     "saliency",
     "gradient",

@@ -8,18 +8,13 @@ from helpers import examples, full_trace
 
 from attrib_bench.model.load import load_model
 from attrib_bench.plugins import load_registry
-from attrib_bench_plugins.norm import decompose, layer_inputs, layer_norms, norm_family
-
-FAMILY = [
-    "attention",
-    "rollout",
-    "norm",
-    "norm-res",
-    "norm-resln",
-    "globenc",
-    "norm-fixedres",
-    "attention-res",
-]
+from attrib_bench_plugins.norm import (
+    GLOBENC_EIGHT,
+    decompose,
+    layer_inputs,
+    layer_norms,
+    norm_family,
+)
 
 
 @pytest.fixture(scope="module", params=["tiny", "minilm"])
@@ -73,7 +68,7 @@ def test_family_is_computed_once_per_batch(loaded, monkeypatch):
     monkeypatch.setattr(norm, "layer_norms", lambda *a: calls.append(1) or original(*a))
     registry = load_registry()
     trace = full_trace(loaded, examples())
-    for name in FAMILY:
+    for name in GLOBENC_EIGHT:
         registry.attributor(name).attribute(trace)
     assert len(calls) == trace.num_layers
 

@@ -82,6 +82,7 @@ def build_result(
             "python": platform.python_version(),
             "model": {
                 "id": prepared.loaded.model_id,
+                "name": prepared.loaded.name,
                 "type": prepared.loaded.model.config.model_type,
                 "weights_sha256": prepared.loaded.weights_sha256,
                 "fresh_head": prepared.loaded.fresh_head,
@@ -155,11 +156,11 @@ def _ci(entry: dict[str, Any] | None) -> str:
 
 def leaderboard(document: dict[str, Any], evaluator: str, kind: str = "aggregated") -> Table:
     """Rows = methods, sorted by last-layer score; best layer and last layer with 95% CI."""
-    model = document["provenance"]["model"]["id"]
+    model = document["provenance"]["model"]
     dataset = document["provenance"]["dataset"]
     table = Table(
-        title=f"{evaluator} vs {document['reference']} ({kind}) — {Path(model).name} on "
-        f"{dataset['name']}/{dataset['split']} (n={dataset['examples']})",
+        title=f"{evaluator} vs {document['reference']} ({kind}) — {model['name']} on "
+        f"{Path(dataset['name']).name}/{dataset['split']} (n={dataset['examples']})",
         title_justify="left",
     )
     table.add_column("method", style="bold", no_wrap=True)

@@ -77,11 +77,13 @@ class Prepared:
 
 
 def resolve_model(name: str | None, device: str, quiet: bool = False) -> LoadedModel:
-    if name is None:
-        from attrib_bench.model.finetune import ensure_default_model
+    if name is not None:
+        return load_model(name, device)
+    from attrib_bench.model.finetune import ensure_default_model
 
-        name = str(ensure_default_model(device, quiet))
-    return load_model(name, device)
+    loaded = load_model(str(ensure_default_model(device, quiet)), device)
+    loaded.name = "default MiniLM-L6 (fine-tuned on the generated data)"
+    return loaded
 
 
 def prepare(config: RunConfig, quiet: bool = False) -> Prepared:

@@ -28,6 +28,8 @@ class LoadedModel:
     weights_sha256: str
     fresh_head: bool
     device: torch.device
+    #: How tables name the model; the directory name unless set (the embedded default).
+    name: str = ""
     _adapter: EncoderAdapter | None = field(default=None, repr=False)
 
     @property
@@ -130,4 +132,5 @@ def load_model(
         weights_sha256=weights_hash(model),
         fresh_head=fresh_head,
         device=resolved,
+        name=Path(name_or_path).name or str(name_or_path),
     )
