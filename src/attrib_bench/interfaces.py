@@ -6,8 +6,7 @@ B batch, L layers, H heads, N query tokens, K key tokens, D hidden size, E head 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -107,12 +106,16 @@ class Attributor(Protocol):
 
 @dataclass
 class EvalContext:
-    """What an evaluator may use besides the attribution it scores."""
+    """What an evaluator may use besides the attribution it scores.
+
+    ``trace`` gives the batch, the model (``trace.loaded``) and its internals; ``attributor`` is
+    the method being scored, for evaluators that must re-attribute (model randomisation).
+    """
 
     trace: Trace
     reference: Attribution | None
     seed: int
-    params: Mapping[str, Any] = field(default_factory=dict)
+    attributor: Any = None
 
 
 @runtime_checkable

@@ -199,10 +199,10 @@ def run_benchmark(config: RunConfig, quiet: bool = False) -> dict[str, Any]:
                     reference_method.error
                 )
                 continue
-            context = EvalContext(trace=trace, reference=reference, seed=config.seed)
             for method in methods:
                 if method.spec not in results:
                     continue
+                context = EvalContext(trace, reference, config.seed, method.attributor)
                 try:
                     scores = evaluator.score(results[method.spec], context)
                 except Exception as error:
