@@ -34,8 +34,12 @@ class RawAttention(Configurable):
         if not 0.0 <= self.params["residual"] < 1.0:
             raise UsageError(f"{self.name}:residual must be in [0, 1), got {self.params}")
 
+    def layer_matrices(self, trace: Trace) -> list[torch.Tensor]:
+        """M^l per layer before the residual, (B, N, N); subclasses change only this."""
+        return head_mean_attention(trace)
+
     def attribute(self, trace: Trace) -> Attribution:
-        matrices = head_mean_attention(trace)
+        matrices = self.layer_matrices(trace)
         ratio = self.params["residual"]
         if ratio > 0:
             matrices = [fixed_residual(m, trace.mask_BN, ratio) for m in matrices]

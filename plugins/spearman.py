@@ -2,8 +2,8 @@
 
 Per example, over its real tokens ([CLS] and [SEP] kept unless ``drop_special=true``), the
 Spearman correlation between the method's [CLS] row at layer l and the reference. A whole-model
-reference (saliency) is compared with every layer; a layer-wise reference with the same number of
-layers is compared layer l to layer l.
+reference (saliency) is compared with every layer; a layer-wise reference (``--reference hta``)
+is compared layer l to layer l, the layer-local comparison of the GlobEnc paper.
 """
 
 from __future__ import annotations
@@ -13,6 +13,23 @@ import numpy as np
 import attrib_bench
 from attrib_bench import Attribution, Configurable, EvalContext
 from attrib_bench.stats import spearman_rows
+
+
+def _match_layers(reference_BLN: np.ndarray, layers: int) -> np.ndarray:
+    """The reference rows to compare with a method of ``layers`` layers.
+
+    A whole-model reference serves every layer; a layer-wise one is compared layer l to layer l;
+    a whole-model method (one row) is compared with the layer-wise reference's last layer.
+    """
+    available = reference_BLN.shape[1]
+    if available in (1, layers):
+        return reference_BLN
+    if layers == 1:
+        return reference_BLN[:, -1:]
+    raise ValueError(
+        f"reference has {available} layers and the method {layers}: a layer-wise reference "
+        "needs one row per layer of the method"
+    )
 
 
 class Spearman(Configurable):
@@ -34,13 +51,9 @@ class Spearman(Configurable):
             if rows is None:
                 continue
             rows = rows.detach().cpu().numpy()
-            if reference.shape[1] not in (1, rows.shape[1]):
-                raise ValueError(
-                    f"reference has {reference.shape[1]} layers and the method {rows.shape[1]}: "
-                    "a layer-wise reference must have one row per layer of the method"
-                )
+            matched = _match_layers(reference, rows.shape[1])
             per_example = [
-                spearman_rows(rows[b][:, keep_BN[b]], reference[b][:, keep_BN[b]])
+                spearman_rows(rows[b][:, keep_BN[b]], matched[b][:, keep_BN[b]])
                 for b in range(rows.shape[0])
             ]
             scores[kind] = np.stack(per_example, axis=1)  # (L, B)

@@ -53,6 +53,14 @@ def _save_tiny(directory: Path, family: str) -> Path:
             **common,
         )
         model = RobertaForSequenceClassification(config)
+    # Random LayerNorm and bias parameters: at initialisation gamma = 1 and every bias is 0, which
+    # hides bias terms and makes the sum of a LayerNorm output's coordinates constant.
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "LayerNorm.weight" in name:
+                parameter.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                parameter.normal_(0.0, 0.1)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory

@@ -15,6 +15,9 @@ from attrib_bench_plugins.norm import GLOBENC_EIGHT
 SPECS = [
     *GLOBENC_EIGHT,
     "norm:normalize_rows=true",
+    "effective-attention",
+    "effective-attention:residual=0.5",
+    "hta:norm=sum",
     "saliency",
     "gradient",
     "integrated-gradients:steps=4",
