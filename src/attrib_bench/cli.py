@@ -35,6 +35,15 @@ def _split_specs(value: str) -> list[str]:
     return specs
 
 
+def _floats(value: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(item) for item in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {value!r}"
+        ) from None
+
+
 def _add_data_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("data")
     group.add_argument("--dataset", help="hub id (glue/sst2), local file or folder, or 'default'")
@@ -54,13 +63,13 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         type=_csv,
         help="comma-separated specs (attention,rollout:residual=0.7)",
     )
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
-    parser.add_argument("--seed", type=int, default=0)
+    # No defaults here: a flag left out must not override a --config file (RunConfig has them).
+    parser.add_argument("--batch-size", type=int, help="examples per batch (default: 16)")
+    parser.add_argument("--device", help="auto (default), cpu, cuda, cuda:1 ...")
+    parser.add_argument("--seed", type=int, help="seed for random methods and CIs (default: 0)")
     parser.add_argument(
         "--plugin",
         action="append",
-        default=[],
         metavar="PATH.py",
         help="load a local plugin module (repeatable)",
     )
@@ -82,8 +91,35 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="score attributors against a reference: leaderboard")
     _add_run_options(run)
     run.add_argument("--evaluators", type=_csv, help="comma-separated evaluator specs")
-    run.add_argument("--reference", default="saliency", help="reference attributor spec")
+    run.add_argument("--reference", help="reference attributor spec (default: saliency)")
     run.add_argument("--output", type=Path, help="write the result JSON here")
+    run.add_argument("--config", type=Path, help="TOML benchmark config; flags given override it")
+    run.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+
+    check = commands.add_parser("check", help="fail (exit 1) when scores fell below a baseline")
+    check.add_argument("results", type=Path, help="result JSON of this run")
+    check.add_argument("--baseline", type=Path, required=True, help="result JSON to compare to")
+    check.add_argument("--tolerance", type=float, default=0.02, help="allowed drop (0.02)")
+    check.add_argument(
+        "--all-layers", action="store_true", help="every layer and kind, not the last aggregated"
+    )
+    check.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+
+    report = commands.add_parser("report", help="HTML or Markdown report of a result JSON")
+    report.add_argument("results", type=Path, help="result JSON from attrib-bench run")
+    report.add_argument("--html", type=Path, help="write a self-contained HTML page here")
+    report.add_argument(
+        "--markdown", type=Path, nargs="?", const=Path("-"), help="write Markdown (no path: stdout)"
+    )
+    report.add_argument(
+        "--attributions", type=Path, help="JSONL from attrib-bench attribute (default: the cache)"
+    )
+    report.add_argument("--examples", type=int, default=6, help="examples with heatmaps (6)")
+
+    cache = commands.add_parser("cache", help="manage the result cache")
+    cache_commands = cache.add_subparsers(dest="cache_command", required=True)
+    clear = cache_commands.add_parser("clear", help="delete cached per-example results")
+    clear.add_argument("--all", action="store_true", help="fine-tuned models too")
 
     attribute = commands.add_parser("attribute", help="write attributions as JSONL")
     _add_run_options(attribute)
@@ -101,6 +137,22 @@ def build_parser() -> argparse.ArgumentParser:
     finetune.add_argument("--seed", type=int, default=0)
     finetune.add_argument("--device", default="auto")
     finetune.add_argument("--quiet", action="store_true")
+
+    ident = commands.add_parser(
+        "identifiability", help="token identifiability and HTA analysis per layer"
+    )
+    ident.add_argument("--model", help="hub id or local directory (default: embedded MiniLM)")
+    _add_data_options(ident)
+    ident.add_argument("--max-length", type=int, default=128)
+    ident.add_argument("--folds", type=int, default=10, help="sentence-level splits (paper: 10)")
+    ident.add_argument("--learning-rates", type=_floats, help="grid (default: 3e-3 ... 3e-6)")
+    ident.add_argument("--max-epochs", type=int, default=1000)
+    ident.add_argument("--patience", type=int, default=20, help="early-stopping epochs")
+    ident.add_argument("--hta-norm", choices=("sum", "frobenius"), default="sum")
+    ident.add_argument("--hta-limit", type=int, default=20, help="sentences for the HTA analysis")
+    ident.add_argument("--seed", type=int, default=0)
+    ident.add_argument("--device", default="auto")
+    ident.add_argument("--output-dir", type=Path, default=Path("identifiability"))
     return parser
 
 
@@ -134,41 +186,86 @@ def _list(args: argparse.Namespace, out: Console) -> int:
 
 
 def _run_config(args: argparse.Namespace):
-    from attrib_bench.run import RunConfig
+    """The flags given (and ``--config``, for run) as a RunConfig; RunConfig fills the rest."""
+    from attrib_bench.config import plan_run
 
-    return RunConfig(
-        model=args.model,
-        dataset=args.dataset,
-        split=args.split,
-        text_column=args.text_column,
-        text_pair_column=args.text_pair_column,
-        label_column=args.label_column,
-        limit=args.limit,
-        max_length=args.max_length,
-        attributors=args.attributors,
-        evaluators=getattr(args, "evaluators", None),
-        reference=getattr(args, "reference", "saliency"),
-        seed=args.seed,
-        batch_size=args.batch_size,
-        device=args.device,
-        plugins=args.plugin,
-    )
+    return plan_run(args).config
 
 
 def _run(args: argparse.Namespace, out: Console) -> int:
+    from attrib_bench.cache import hits_line
+    from attrib_bench.config import build_model, plan_run
     from attrib_bench.results import exit_status, leaderboard, write_json
     from attrib_bench.run import run_benchmark
 
-    document = run_benchmark(_run_config(args), quiet=args.quiet)
+    plan = build_model(plan_run(args), quiet=args.quiet)
+    document = run_benchmark(plan.config, quiet=args.quiet, cache=plan.cache)
+    document.update(plan.extra)
     for name, evaluator in document["evaluators"].items():
         if evaluator["status"] == "ok":
             out.print(leaderboard(document, name))
         else:
             out.print(f"[red]evaluator {name} failed:[/] {escape(str(evaluator['error']))}")
-    if args.output:
-        write_json(document, args.output)
-        stderr.print(f"results written to {args.output}")
+    if document.get("cache"):
+        stderr.print(hits_line(document["cache"]), highlight=False, soft_wrap=True)
+    if plan.output:
+        write_json(document, plan.output)
+        stderr.print(f"results written to {plan.output}")
     return ExitCode.OK if exit_status(document) else ExitCode.PARTIAL
+
+
+def _check(args: argparse.Namespace, out: Console) -> int:
+    from attrib_bench.check import compare, load_results, write_step_summary
+
+    comparison = compare(
+        load_results(args.results),
+        load_results(args.baseline),
+        tolerance=args.tolerance,
+        all_layers=args.all_layers,
+        seed=args.seed,
+    )
+    text = comparison.markdown(str(args.results), str(args.baseline))
+    out.out(text, highlight=False, end="")
+    summary = write_step_summary(text)
+    if summary is not None:
+        stderr.print(f"summary appended to {summary}", highlight=False)
+    return comparison.exit_code
+
+
+def _report(args: argparse.Namespace, out: Console) -> int:
+    from attrib_bench.check import load_results
+    from attrib_bench.report import read_attributions, render_html, render_markdown
+
+    if args.examples < 0:
+        raise UsageError(f"--examples must be at least 0, got {args.examples}")
+    document = load_results(args.results)
+    rows = read_attributions(args.attributions) if args.attributions else None
+    if args.html:
+        args.html.parent.mkdir(parents=True, exist_ok=True)
+        args.html.write_text(render_html(document, rows, args.examples))
+        stderr.print(f"HTML report written to {args.html}", highlight=False)
+    if args.markdown is not None or not args.html:
+        text = render_markdown(document, rows, args.examples)
+        if args.markdown is None or str(args.markdown) == "-":
+            out.out(text, highlight=False, end="")
+        else:
+            args.markdown.parent.mkdir(parents=True, exist_ok=True)
+            args.markdown.write_text(text)
+            stderr.print(f"Markdown report written to {args.markdown}", highlight=False)
+    return ExitCode.OK
+
+
+def _cache(args: argparse.Namespace, out: Console) -> int:
+    from attrib_bench.cache import clear, results_root
+
+    entries, size = clear(include_models=args.all)
+    what = "results and fine-tuned models" if args.all else "results"
+    out.print(
+        f"removed {entries} cached example results ({size / 2**20:.1f} MB, {what}) "
+        f"from {results_root().parent}",
+        highlight=False,
+    )
+    return ExitCode.OK
 
 
 def _attribute(args: argparse.Namespace, out: Console) -> int:
@@ -209,7 +306,49 @@ def _finetune(args: argparse.Namespace, out: Console) -> int:
     return ExitCode.OK
 
 
-COMMANDS = {"list": _list, "run": _run, "attribute": _attribute, "finetune": _finetune}
+def _identifiability(args: argparse.Namespace, out: Console) -> int:
+    from attrib_bench.identifiability import (
+        LEARNING_RATES,
+        IdentifiabilityConfig,
+        run_identifiability,
+        table,
+    )
+    from attrib_bench.run import resolve_model
+
+    model = args.model or resolve_model(None, args.device).model_id
+    config = IdentifiabilityConfig(
+        model=model,
+        dataset=args.dataset,
+        split=args.split,
+        text_column=args.text_column,
+        text_pair_column=args.text_pair_column,
+        limit=args.limit,
+        max_length=args.max_length,
+        folds=args.folds,
+        learning_rates=args.learning_rates or LEARNING_RATES,
+        max_epochs=args.max_epochs,
+        patience=args.patience,
+        hta_limit=args.hta_limit,
+        hta_norm=args.hta_norm,
+        seed=args.seed,
+        device=args.device,
+    )
+    report = run_identifiability(config, args.output_dir)
+    out.print(table(report))
+    stderr.print(f"written: {args.output_dir}/identifiability.json and identifiability.png")
+    return ExitCode.OK
+
+
+COMMANDS = {
+    "list": _list,
+    "run": _run,
+    "attribute": _attribute,
+    "finetune": _finetune,
+    "identifiability": _identifiability,
+    "check": _check,
+    "report": _report,
+    "cache": _cache,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -229,6 +368,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         stderr.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
         return int(ExitCode.USAGE_ERROR)
+    except KeyboardInterrupt:
+        # Finished batches are in the cache already: the same command resumes from there.
+        stderr.print("interrupted; rerun the same command to resume from the cache")
+        return int(ExitCode.INTERRUPTED)
 
 
 def entry() -> None:

@@ -1,0 +1,334 @@
+"""Token identifiability and hidden-token analysis (Brunner et al., ICLR 2020).
+
+``attrib-bench identifiability``: for every layer l = 0..L, can the hidden state e_i^l be mapped
+back to its own input embedding x_i (the embedding output, ``hidden_states[0]``)? The protocol of
+../shared/specs/identifiability.md: sentence-level 70/15/15 splits repeated over folds; the naive
+baseline (no map) and four learned maps (linear / MLP with 1000 GELU units, trained with an L2 or
+a cosine loss: Adam, betas 0.9/0.999, batch 256, Glorot-uniform init, early stopping after
+``patience`` epochs without validation improvement, the learning rate chosen on validation loss
+from a grid). A token is identified when the nearest candidate to g(e_i^l), under the map's own
+distance, is x_i; candidates are the input tokens of the same sentence.
+
+Also the HTA analysis: per layer, the mean own-token contribution c_jj, the share of tokens whose
+own input is their top contributor, and the mean contribution by distance |i - j|.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from attrib_bench import console
+from attrib_bench.data.batches import make_batches
+from attrib_bench.data.load import load_examples
+from attrib_bench.errors import UsageError
+from attrib_bench.model.load import LoadedModel, load_model
+from attrib_bench.model.trace import trace_batch
+
+LEARNING_RATES = (3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5, 3e-6)
+MAPS = ("linear-l2", "linear-cosine", "mlp-l2", "mlp-cosine")
+
+
+@dataclass
+class IdentifiabilityConfig:
+    model: str
+    dataset: str | None = None
+    split: str | None = None
+    text_column: str | None = None
+    text_pair_column: str | None = None
+    limit: int | None = None
+    max_length: int = 128
+    folds: int = 10
+    learning_rates: tuple[float, ...] = LEARNING_RATES
+    max_epochs: int = 1000
+    patience: int = 20
+    batch_size: int = 256
+    hidden_units: int = 1000
+    hta_limit: int = 20
+    hta_norm: str = "sum"
+    seed: int = 0
+    device: str = "auto"
+
+
+def sentence_states(loaded: LoadedModel, config: IdentifiabilityConfig):
+    """Per sentence, its hidden states at every layer on real tokens: list of (L + 1, n, D)."""
+    data = load_examples(
+        config.dataset,
+        config.split,
+        config.text_column,
+        config.text_pair_column,
+        None,
+        config.limit,
+    )
+    batches, truncated = make_batches(data.examples, loaded.tokenizer, 32, config.max_length)
+    if truncated:
+        console.warn(f"{truncated} inputs truncated to {config.max_length} tokens")
+    sentences = []
+    for batch in batches:
+        trace = trace_batch(loaded, batch.to(loaded.device), {"hidden_states"})
+        stacked_BLND = torch.stack(trace.hidden_states, dim=1).cpu()
+        sentences += [stacked_BLND[b, :, :n] for b, n in enumerate(batch.lengths)]
+    return data, sentences
+
+
+def _distance(predicted_ND: torch.Tensor, candidates_KD: torch.Tensor, kind: str) -> torch.Tensor:
+    if kind == "cosine":
+        return 1 - nn.functional.cosine_similarity(
+            predicted_ND[:, None], candidates_KD[None], dim=-1
+        )
+    return torch.cdist(predicted_ND, candidates_KD)
+
+
+def identification_rate(
+    predicted: list[torch.Tensor], inputs: list[torch.Tensor], kind: str
+) -> float:
+    """Share of tokens whose nearest input embedding in their own sentence is their own."""
+    hits = total = 0
+    for predicted_ND, inputs_ND in zip(predicted, inputs, strict=True):
+        nearest = _distance(predicted_ND, inputs_ND, kind).argmin(dim=1)
+        hits += int((nearest == torch.arange(len(nearest))).sum())
+        total += len(nearest)
+    return hits / total
+
+
+def _make_map(kind: str, width: int, hidden: int) -> nn.Module:
+    model = (
+        nn.Linear(width, width)
+        if kind == "linear"
+        else nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
+    )
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.xavier_uniform_(module.weight)
+            nn.init.zeros_(module.bias)
+    return model
+
+
+def _loss(predicted: torch.Tensor, target: torch.Tensor, kind: str) -> torch.Tensor:
+    if kind == "cosine":
+        return (1 - nn.functional.cosine_similarity(predicted, target, dim=-1)).mean()
+    return (predicted - target).pow(2).sum(dim=-1).mean()
+
+
+def train_map(
+    name: str, train: tuple, validation: tuple, rate: float, config: IdentifiabilityConfig
+) -> tuple[nn.Module, float]:
+    """Train one map with early stopping; return it at its best validation loss."""
+    kind, loss_kind = name.split("-")
+    generator = torch.Generator().manual_seed(config.seed)
+    torch.manual_seed(config.seed)
+    model = _make_map(kind, train[0].shape[1], config.hidden_units)
+    optimizer = torch.optim.Adam(model.parameters(), lr=rate, betas=(0.9, 0.999))
+    best, best_state, waited = math.inf, None, 0
+    for _epoch in range(config.max_epochs):
+        model.train()
+        for index in torch.randperm(len(train[0]), generator=generator).split(config.batch_size):
+            optimizer.zero_grad()
+            _loss(model(train[0][index]), train[1][index], loss_kind).backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            current = float(_loss(model(validation[0]), validation[1], loss_kind))
+        if current < best - 1e-7:
+            best, waited = current, 0
+            best_state = {k: v.clone() for k, v in model.state_dict().items()}
+        else:
+            waited += 1
+            if waited >= config.patience:
+                break
+    model.load_state_dict(best_state)
+    return model, best
+
+
+def _tokens(sentences: list[torch.Tensor], indices: list[int], layer: int) -> tuple:
+    return (
+        torch.cat([sentences[i][layer] for i in indices]),
+        torch.cat([sentences[i][0] for i in indices]),
+    )
+
+
+def identifiability(loaded: LoadedModel, sentences: list, config: IdentifiabilityConfig) -> dict:
+    """Per layer and fold: naive and learned-map identification rates on held-out sentences."""
+    layers = sentences[0].shape[0]
+    results: dict[str, list[list[float]]] = {
+        name: [[] for _ in range(layers)] for name in ("naive-l2", "naive-cosine", *MAPS)
+    }
+    chosen_rates: dict[str, list] = {name: [[] for _ in range(layers)] for name in MAPS}
+    total = config.folds * layers * len(MAPS) * len(config.learning_rates)
+    with console.progress() as bar:
+        task = bar.add_task("training maps", total=total)
+        for fold in range(config.folds):
+            order = list(range(len(sentences)))
+            random.Random(config.seed + fold).shuffle(order)
+            cut1, cut2 = int(0.7 * len(order)), int(0.85 * len(order))
+            train, validation, test = order[:cut1], order[cut1:cut2], order[cut2:]
+            test_inputs = [sentences[i][0] for i in test]
+            for layer in range(layers):
+                states = [sentences[i][layer] for i in test]
+                for kind in ("l2", "cosine"):
+                    rate = identification_rate(states, test_inputs, kind)
+                    results[f"naive-{kind}"][layer].append(rate)
+                train_xy = _tokens(sentences, train, layer)
+                validation_xy = _tokens(sentences, validation, layer)
+                for name in MAPS:
+                    candidates = []
+                    for rate in config.learning_rates:
+                        candidates.append(
+                            (*train_map(name, train_xy, validation_xy, rate, config), rate)
+                        )
+                        bar.advance(task)
+                    model, _, rate = min(candidates, key=lambda c: c[1])
+                    with torch.no_grad():
+                        predicted = [model(s) for s in states]
+                    distance = name.split("-")[1]
+                    results[name][layer].append(
+                        identification_rate(predicted, test_inputs, distance)
+                    )
+                    chosen_rates[name][layer].append(rate)
+    return {"rates": results, "learning_rates_chosen": chosen_rates}
+
+
+def hta_analysis(loaded: LoadedModel, sentences: list, config: IdentifiabilityConfig) -> dict:
+    """Own-token contribution, own-is-top share and contribution by distance, per layer."""
+    from attrib_bench_plugins.hta import contributions
+
+    chosen = sentences[: config.hta_limit]
+    layers = sentences[0].shape[0] - 1
+    own = [[] for _ in range(layers)]
+    top = [[] for _ in range(layers)]
+    by_distance: list[dict[int, list[float]]] = [{} for _ in range(layers)]
+    with console.progress() as bar:
+        task = bar.add_task(f"HTA ({config.hta_norm})", total=len(chosen))
+        for states in chosen:
+            x_ND = states[0].to(loaded.device)
+            n = x_ND.shape[0]
+            c_LJN = contributions(loaded, x_ND, config.hta_norm, targets=range(n)).cpu()
+            distance = (torch.arange(n)[:, None] - torch.arange(n)[None]).abs()
+            for layer in range(layers):
+                matrix = c_LJN[layer]
+                own[layer] += matrix.diagonal().tolist()
+                top[layer] += (matrix.argmax(dim=1) == torch.arange(n)).float().tolist()
+                for gap in range(n):
+                    by_distance[layer].setdefault(gap, []).extend(matrix[distance == gap].tolist())
+            bar.advance(task)
+    return {
+        "norm": config.hta_norm,
+        "sentences": len(chosen),
+        "own_contribution": [sum(v) / len(v) for v in own],
+        "own_is_top_share": [sum(v) / len(v) for v in top],
+        "contribution_by_distance": [
+            {str(gap): sum(v) / len(v) for gap, v in sorted(layer.items()) if gap <= 20}
+            for layer in by_distance
+        ],
+    }
+
+
+def summarize_rates(rates: dict[str, list[list[float]]]) -> dict[str, list[dict]]:
+    out = {}
+    for name, per_layer in rates.items():
+        rows = []
+        for values in per_layer:
+            tensor = torch.tensor(values)
+            rows.append(
+                {
+                    "mean": float(tensor.mean()),
+                    "std": float(tensor.std()) if len(values) > 1 else 0.0,
+                    "folds": len(values),
+                }
+            )
+        out[name] = rows
+    return out
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name, rows in report["identifiability"].items():
+        layers = list(range(len(rows)))
+        means = [r["mean"] for r in rows]
+        stds = [r["std"] for r in rows]
+        left.errorbar(layers, means, yerr=stds, marker="o", capsize=3, label=name)
+    left.set_xlabel("layer (0 = embeddings)")
+    left.set_ylabel("identifiability rate (test tokens)")
+    left.set_ylim(0, 1.02)
+    left.legend(fontsize=8)
+    hta = report["hta"]
+    layers = list(range(1, len(hta["own_contribution"]) + 1))
+    right.plot(layers, hta["own_contribution"], marker="o", label="mean own-token contribution")
+    right.plot(layers, hta["own_is_top_share"], marker="s", label="share: own token is top")
+    right.set_xlabel("layer")
+    right.set_ylim(0, 1.02)
+    right.set_title(f"HTA ({hta['norm']}, {hta['sentences']} sentences)")
+    right.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def run_identifiability(config: IdentifiabilityConfig, output_dir: Path) -> dict:
+    if config.folds < 1 or config.max_epochs < 1 or config.patience < 1:
+        raise UsageError("--folds, --max-epochs and --patience must be at least 1")
+    loaded = load_model(config.model, config.device)
+    data, sentences = sentence_states(loaded, config)
+    if len(sentences) < 7:
+        raise UsageError(f"identifiability needs at least 7 sentences, got {len(sentences)}")
+    learned = identifiability(loaded, sentences, config)
+    report = {
+        "config": asdict(config),
+        "model": {"id": loaded.model_id, "weights_sha256": loaded.weights_sha256},
+        "dataset": {
+            "name": data.name,
+            "split": data.split,
+            "fingerprint": data.fingerprint,
+            "sentences": len(sentences),
+            "tokens": sum(s.shape[1] for s in sentences),
+        },
+        "candidates": "the input tokens of the same sentence",
+        "identifiability": summarize_rates(learned["rates"]),
+        "learning_rates_chosen": learned["learning_rates_chosen"],
+        "hta": hta_analysis(loaded, sentences, config),
+    }
+    output_dir.mkdir(parents=True, exist_ok=True)
+    from attrib_bench.results import write_json
+
+    write_json(report, output_dir / "identifiability.json")
+    plot(report, output_dir / "identifiability.png")
+    return report
+
+
+def table(report: dict):
+    from rich.table import Table
+
+    rates = report["identifiability"]
+    layers = len(next(iter(rates.values())))
+    result = Table(
+        title=f"identifiability rate — {report['dataset']['sentences']} sentences, "
+        f"{report['config']['folds']} fold(s); candidates: {report['candidates']}",
+        title_justify="left",
+    )
+    result.add_column("layer", justify="right")
+    for name in rates:
+        result.add_column(name, justify="right")
+    result.add_column("HTA own", justify="right")
+    result.add_column("own top", justify="right")
+    hta = report["hta"]
+    for layer in range(layers):
+        cells = [f"{rates[name][layer]['mean']:.3f}" for name in rates]
+        extra = (
+            ["-", "-"]
+            if layer == 0
+            else [
+                f"{hta['own_contribution'][layer - 1]:.3f}",
+                f"{hta['own_is_top_share'][layer - 1]:.3f}",
+            ]
+        )
+        result.add_row(str(layer), *cells, *extra)
+    return result

@@ -1,0 +1,89 @@
+"""The identifiability analysis: protocol pieces and the command end to end on a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from attrib_bench.identifiability import IdentifiabilityConfig, identification_rate, train_map
+
+
+def test_identification_rate_counts_own_nearest_neighbours():
+    inputs = [torch.tensor([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])]
+    # token 0 lands nearest to itself, token 1 nearest to token 2's input, token 2 to itself
+    predicted = [torch.tensor([[1.0, 1.0], [1.0, 9.0], [0.0, 9.0]])]
+    assert identification_rate(predicted, inputs, "l2") == 2 / 3
+    assert identification_rate(inputs, inputs, "l2") == 1.0
+
+
+def test_cosine_ignores_scale():
+    inputs = [torch.tensor([[1.0, 0.0], [0.0, 1.0]])]
+    scaled = [torch.tensor([[100.0, 1.0], [0.5, 50.0]])]
+    assert identification_rate(scaled, inputs, "cosine") == 1.0
+
+
+def test_learned_linear_map_recovers_a_linear_transform():
+    torch.manual_seed(0)
+    targets = torch.randn(600, 8)
+    mixing = torch.linalg.qr(torch.randn(8, 8)).Q  # well conditioned: converges in few steps
+    states = targets @ mixing
+    config = IdentifiabilityConfig(model="unused", max_epochs=60, patience=10, batch_size=100)
+    model, loss = train_map(
+        "linear-l2", (states[:400], targets[:400]), (states[400:], targets[400:]), 3e-2, config
+    )
+    assert loss < 1e-2
+    with torch.no_grad():
+        predicted = [model(states[400 + 10 * k : 410 + 10 * k]) for k in range(20)]
+    inputs = [targets[400 + 10 * k : 410 + 10 * k] for k in range(20)]
+    assert identification_rate(predicted, inputs, "l2") == 1.0
+
+
+def test_command_end_to_end(tiny_bert, run_cli, tmp_path):
+    code, out, err = run_cli(
+        "identifiability",
+        "--model",
+        tiny_bert,
+        "--dataset",
+        "default",
+        "--limit",
+        "30",
+        "--folds",
+        "2",
+        "--learning-rates",
+        "1e-3",
+        "--max-epochs",
+        "3",
+        "--patience",
+        "2",
+        "--hta-limit",
+        "2",
+        "--output-dir",
+        tmp_path,
+    )
+    assert code == 0, err
+    report = json.loads((tmp_path / "identifiability.json").read_text())
+    rates = report["identifiability"]
+    assert set(rates) == {
+        "naive-l2",
+        "naive-cosine",
+        "linear-l2",
+        "linear-cosine",
+        "mlp-l2",
+        "mlp-cosine",
+    }
+    assert len(rates["naive-l2"]) == 4  # embeddings plus three layers
+    assert rates["naive-l2"][0]["mean"] == 1.0 and rates["naive-cosine"][0]["mean"] == 1.0
+    assert all(row["folds"] == 2 for row in rates["mlp-cosine"])
+    hta = report["hta"]
+    assert len(hta["own_contribution"]) == 3
+    assert all(0 < v < 1 for v in hta["own_contribution"])
+    assert (tmp_path / "identifiability.png").stat().st_size > 1000
+    assert "naive-l2" in out
+
+
+def test_bad_folds_is_a_usage_error(tiny_bert, run_cli, tmp_path):
+    code, _, err = run_cli(
+        "identifiability", "--model", tiny_bert, "--folds", "0", "--output-dir", tmp_path
+    )
+    assert code == 2 and "--folds" in err
