@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 import torch
-from memory import PeakMemory
 
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import load_examples
 from attrib_bench.interfaces import Example
+from attrib_bench.memory import PeakMemory
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import TRACE_FIELDS, trace_batch
 from attrib_bench.plugins import load_registry

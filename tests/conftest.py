@@ -88,8 +88,13 @@ def minilm() -> str:
 
 @pytest.fixture(autouse=True)
 def isolated_cache(tmp_path, monkeypatch):
-    """Never write to the user's cache from a test."""
+    """Never write to the user's cache from a test.
+
+    The per-example result cache is off too, so a test that runs twice compares two
+    computations; tests of the cache itself turn it back on (``monkeypatch.delenv``).
+    """
     monkeypatch.setenv("ATTRIB_BENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ATTRIB_BENCH_NO_CACHE", "1")
 
 
 @pytest.fixture

@@ -29,7 +29,11 @@ class Example:
 
 @dataclass
 class Batch:
-    """Tokenised, padded examples; every tensor row belongs to ``examples[b]``."""
+    """Tokenised, padded examples; every tensor row belongs to ``examples[b]``.
+
+    ``word_ids_BN`` (on the CPU): per token, the index of its word in ``examples[b].text.split()``
+    (from the fast tokenizer's offsets), -1 for special tokens, padding and a pair's second text.
+    """
 
     examples: list[Example]
     input_ids_BN: torch.Tensor
@@ -37,6 +41,7 @@ class Batch:
     token_type_ids_BN: torch.Tensor | None
     special_tokens_mask_BN: torch.Tensor
     tokens: list[list[str]]
+    word_ids_BN: torch.Tensor | None = None
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
         inputs = {"input_ids": self.input_ids_BN, "attention_mask": self.attention_mask_BN}
@@ -66,6 +71,7 @@ class Batch:
             move(self.token_type_ids_BN),
             self.special_tokens_mask_BN.to(device),
             self.tokens,
+            self.word_ids_BN,
         )
 
 
@@ -124,6 +130,8 @@ class Evaluator(Protocol):
 
     ``score`` returns, for each kind it scores ("aggregated", "local"), an array (L, B) of
     per-example scores; NaN marks an example that cannot be scored (it is counted, not averaged).
+    Optional attributes: ``higher_is_better`` (default True: how leaderboards sort) and
+    ``in_default_run`` (default True; False: runs only when selected, for costly evaluators).
     """
 
     name: str

@@ -49,6 +49,7 @@ def build_result(
     evaluators: dict[str, Any],
     evaluator_errors: dict[str, str],
 ) -> dict[str, Any]:
+    from attrib_bench.data.rationales import rationale_words_lost
     from attrib_bench.run import summarize_scores
 
     registry = prepared.registry
@@ -64,6 +65,10 @@ def build_result(
             "seconds_per_example": (
                 method.seconds / method.examples if method.examples and not method.error else None
             ),
+            "peak_memory_mb": (
+                round(method.peak_memory_mb, 2) if method.examples and not method.error else None
+            ),
+            "added_as_floor": method.added,
             "scores": {},
             "per_example": {},
         }
@@ -97,6 +102,7 @@ def build_result(
                 "label_column": data.label_column,
                 "truncated": prepared.truncated,
                 "max_length": prepared.max_length,
+                "rationale_words_lost": rationale_words_lost(prepared.batches),
             },
             "seed": config.seed,
             "hardware": hardware(prepared.loaded.device),
@@ -109,6 +115,14 @@ def build_result(
                 "error": evaluator_errors.get(name),
             }
             for name in evaluators
+        },
+        "evaluator_info": {
+            name: {
+                "description": evaluator.description,
+                "needs_reference": evaluator.needs_reference,
+                "higher_is_better": getattr(evaluator, "higher_is_better", True),
+            }
+            for name, evaluator in evaluators.items()
         },
         "example_ids": example_ids,
         "methods": method_docs,
@@ -155,25 +169,37 @@ def _ci(entry: dict[str, Any] | None) -> str:
 
 
 def leaderboard(document: dict[str, Any], evaluator: str, kind: str = "aggregated") -> Table:
-    """Rows = methods, sorted by last-layer score; best layer and last layer with 95% CI."""
+    """Rows = methods, best last-layer score first; best layer and last layer with 95% CI.
+
+    Cost columns: seconds per example and peak memory (MB), both standalone.
+    """
     model = document["provenance"]["model"]
     dataset = document["provenance"]["dataset"]
+    info = document.get("evaluator_info", {}).get(evaluator, {})
+    higher_is_better = info.get("higher_is_better", True)
+    versus = f" vs {document['reference']}" if info.get("needs_reference", True) else ""
+    direction = "" if higher_is_better else ", lower is better"
+    added = [spec for spec, m in document["methods"].items() if m.get("added_as_floor")]
     table = Table(
-        title=f"{evaluator} vs {document['reference']} ({kind}) — {model['name']} on "
+        title=f"{evaluator}{versus} ({kind}{direction}) — {model['name']} on "
         f"{Path(dataset['name']).name}/{dataset['split']} (n={dataset['examples']})",
         title_justify="left",
+        caption=f"{', '.join(added)}: added as the floor" if added else None,
+        caption_justify="left",
     )
     table.add_column("method", style="bold", no_wrap=True)
     table.add_column("best (layer)", justify="right", no_wrap=True)
     table.add_column("last layer", justify="right", no_wrap=True)
     table.add_column("95% CI", justify="right", no_wrap=True)
     table.add_column("s/ex", justify="right", no_wrap=True)
+    table.add_column("peak MB", justify="right", no_wrap=True)
     table.add_column("status")
+    sign = 1.0 if higher_is_better else -1.0
 
     def last_mean(item: tuple[str, dict]) -> float:
         layers = item[1]["scores"].get(evaluator, {}).get(kind)
         mean = layers[-1]["mean"] if layers else None
-        return -math.inf if mean is None or math.isnan(mean) else mean
+        return -math.inf if mean is None or math.isnan(mean) else sign * mean
 
     for spec, method in sorted(document["methods"].items(), key=last_mean, reverse=True):
         layers = method["scores"].get(evaluator, {}).get(kind)
@@ -182,13 +208,15 @@ def leaderboard(document: dict[str, Any], evaluator: str, kind: str = "aggregate
         row = ["-", "-", "-"]
         if layers:
             scored = [x for x in layers if x["mean"] is not None and not math.isnan(x["mean"])]
-            best = max(scored, key=lambda x: x["mean"]) if scored else None
+            best = max(scored, key=lambda x: sign * x["mean"]) if scored else None
             best_text = _mean(best) + (f" ({best['layer']})" if best and len(layers) > 1 else "")
             row = [best_text, _mean(layers[-1]), _ci(layers[-1])]
+        memory = method.get("peak_memory_mb")
         table.add_row(
             spec,
             *row,
             f"{seconds:.4f}" if seconds is not None else "-",
+            f"{memory:.1f}" if memory is not None else "-",
             status,
             style=None if method["status"] == "ok" else "red",
         )

@@ -7,7 +7,7 @@ kept per example (keyed by example id) and summarised per layer at the end.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,14 +17,18 @@ import torch
 from attrib_bench import console
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import LoadedData, load_examples
+from attrib_bench.data.rationales import rationale_words_lost
 from attrib_bench.errors import UsageError, unknown_choice
 from attrib_bench.interfaces import KINDS, Attribution, Batch, EvalContext
+from attrib_bench.memory import PeakMemory, standalone_megabytes
 from attrib_bench.model.load import LoadedModel, load_model
 from attrib_bench.model.trace import Trace, trace_batch
 from attrib_bench.plugins import Registry, Spec, load_registry
 from attrib_bench.stats import summarize
 
 DEFAULT_REFERENCE = "saliency"
+#: The attributor every leaderboard carries as its floor (added when not selected).
+FLOOR = "random"
 
 
 @dataclass
@@ -59,6 +63,10 @@ class MethodState:
     attributor: Any
     seconds: float = 0.0
     examples: int = 0
+    #: Largest standalone memory of one batch (see attrib_bench.memory.standalone_megabytes).
+    peak_memory_mb: float = 0.0
+    #: Not selected by the user: added as the leaderboard's floor.
+    added: bool = False
     error: str | None = None
     #: evaluator -> kind -> example id -> scores over layers
     scores: dict[str, dict[str, dict[str, np.ndarray]]] = field(default_factory=dict)
@@ -116,6 +124,9 @@ def prepare(config: RunConfig, quiet: bool = False) -> Prepared:
     )
     if truncated:
         console.warn(f"{truncated} of {len(data.examples)} inputs truncated to {max_length} tokens")
+        lost = rationale_words_lost(batches)
+        if lost:
+            console.warn(f"truncation cut off {lost:.1%} of the rationale words")
     return Prepared(registry, loaded, data, batches, truncated, max_length)
 
 
@@ -125,29 +136,39 @@ def attribution_stream(
     seed: int,
     description: str = "attributing",
     quiet: bool = False,
+    skip: Callable[[Batch], set[str]] | None = None,
 ) -> Iterator[tuple[Trace, dict[str, Attribution]]]:
     """Per batch: one trace, then every still-working method's attribution of it.
 
     Each method is charged its standalone cost: the shared forward pass, its own time, and
-    every shared intermediate it read (whichever method computed it first).
+    every shared intermediate it read (whichever method computed it first); its peak memory is
+    counted the same way (attrib_bench.memory.standalone_megabytes). ``skip(batch)`` names
+    methods whose results for the batch are known already (the cache, which fills them in):
+    they do not run, and a batch with nothing left to run is not traced at all.
     """
-    requires = set().union(*(m.attributor.requires for m in methods))
     with console.progress(disable=quiet) as bar:
         task = bar.add_task(description, total=len(prepared.data.examples))
         for batch in prepared.batches:
+            known = skip(batch) if skip is not None else set()
+            todo = [m for m in methods if m.spec not in known]
+            if known and not todo:
+                bar.advance(task, len(batch.examples))
+                continue
+            requires = set().union(*(m.attributor.requires for m in todo))
             batch = batch.to(prepared.loaded.device)
             start = time.perf_counter()
             trace = trace_batch(prepared.loaded, batch, requires, seed)
             trace_seconds = time.perf_counter() - start
             results: dict[str, Attribution] = {}
-            for method in methods:
+            for method in todo:
                 if method.error is not None:
                     continue
                 computed_before = set(trace.memo_seconds)
                 trace.accessed = set()
                 start = time.perf_counter()
                 try:
-                    results[method.spec] = method.attributor.attribute(trace)
+                    with PeakMemory(prepared.loaded.device) as peak:
+                        results[method.spec] = method.attributor.attribute(trace)
                 except UsageError:
                     raise
                 except Exception as error:  # one method failing must not sink the run
@@ -157,6 +178,10 @@ def attribution_stream(
                 elapsed = time.perf_counter() - start
                 method.seconds += trace.standalone_seconds(elapsed, computed_before) + trace_seconds
                 method.examples += len(batch.examples)
+                memory = standalone_megabytes(
+                    trace, method.attributor.requires, peak.megabytes, computed_before
+                )
+                method.peak_memory_mb = max(method.peak_memory_mb, memory)
             yield trace, results
             bar.advance(task, len(batch.examples))
 
@@ -169,8 +194,13 @@ def _store(method: MethodState, evaluator: str, scores: dict, batch: Batch) -> N
             by_id[example.id] = np.asarray(values_LB)[:, column]
 
 
-def run_benchmark(config: RunConfig, quiet: bool = False) -> dict[str, Any]:
-    """Run every selected attributor and evaluator; return the result document (see results)."""
+def run_benchmark(config: RunConfig, quiet: bool = False, cache: bool = True) -> dict[str, Any]:
+    """Run every selected attributor and evaluator; return the result document (see results).
+
+    With ``cache`` (and no ``ATTRIB_BENCH_NO_CACHE=1``), per-example results found on disk are
+    reused and new ones written after each batch (attrib_bench.cache).
+    """
+    from attrib_bench import cache as result_cache
     from attrib_bench.results import build_result
 
     torch.manual_seed(config.seed)
@@ -178,9 +208,16 @@ def run_benchmark(config: RunConfig, quiet: bool = False) -> dict[str, Any]:
     registry = prepared.registry
     specs = [Spec.parse(s) for s in (config.attributors or sorted(registry.attributors))]
     methods = [MethodState(str(s), registry.attributor(s)) for s in specs]
+    if FLOOR in registry.attributors and all(s.name != FLOOR for s in specs):
+        methods.append(MethodState(FLOOR, registry.attributor(FLOOR), added=True))
+    default_evaluators = [
+        name
+        for name, registered in sorted(registry.evaluators.items())
+        if getattr(registered.obj, "in_default_run", True)
+    ]
     evaluators = {
         str(Spec.parse(s)): registry.evaluator(s)
-        for s in (config.evaluators or sorted(registry.evaluators))
+        for s in (config.evaluators or default_evaluators)
     }
     reference_spec = str(Spec.parse(config.reference))
     reference_method = next((m for m in methods if m.spec == reference_spec), None)
@@ -189,8 +226,19 @@ def run_benchmark(config: RunConfig, quiet: bool = False) -> dict[str, Any]:
         reference_method = MethodState(reference_spec, registry.attributor(config.reference))
         extra = [reference_method]
     evaluator_errors: dict[str, str] = {}
-    for trace, results in attribution_stream(prepared, methods + extra, config.seed, quiet=quiet):
+    store = None
+    if result_cache.enabled(cache):
+        store = result_cache.ResultCache(
+            prepared, methods, extra, evaluators, reference_spec, config.seed
+        )
+    skip = store.restore if store is not None else None
+    for trace, results in attribution_stream(
+        prepared, methods + extra, config.seed, quiet=quiet, skip=skip
+    ):
         reference = results.get(reference_spec)
+        cached_reference = reference_method is not None and reference_method.error is None
+        if reference is None and store is not None and cached_reference:
+            reference = store.attribution(reference_spec, trace.batch)  # not run on this batch
         for name, evaluator in evaluators.items():
             if name in evaluator_errors:
                 continue
@@ -210,7 +258,12 @@ def run_benchmark(config: RunConfig, quiet: bool = False) -> dict[str, Any]:
                     console.warn(f"evaluator {name} failed: {evaluator_errors[name]}")
                     break
                 _store(method, name, scores, trace.batch)
-    return build_result(config, prepared, methods, evaluators, evaluator_errors)
+        if store is not None:
+            store.save(trace.batch, results)
+    document = build_result(config, prepared, methods, evaluators, evaluator_errors)
+    if store is not None:
+        document["cache"] = store.describe()
+    return document
 
 
 def summarize_scores(method: MethodState, example_ids: list[str], seed: int) -> tuple[dict, dict]:

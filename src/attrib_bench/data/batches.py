@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from transformers import PreTrainedTokenizerBase
 
+from attrib_bench.data.rationales import token_word_ids
 from attrib_bench.interfaces import Batch, Example
 
 
@@ -42,7 +44,13 @@ def make_batches(
             max_length=max_length,
             return_tensors="pt",
             return_special_tokens_mask=True,
+            return_offsets_mapping=True,
         )
+        offsets = encoded.pop("offset_mapping").tolist()
+        word_ids = [
+            token_word_ids(e.text, offsets[row], encoded.sequence_ids(row))
+            for row, e in enumerate(chunk)
+        ]
         tokens = [
             tokenizer.convert_ids_to_tokens(ids[mask.bool()].tolist())
             for ids, mask in zip(encoded["input_ids"], encoded["attention_mask"], strict=True)
@@ -55,6 +63,7 @@ def make_batches(
                 token_type_ids_BN=encoded.get("token_type_ids"),
                 special_tokens_mask_BN=encoded["special_tokens_mask"],
                 tokens=tokens,
+                word_ids_BN=torch.tensor(word_ids, dtype=torch.long),
             )
         )
     return batches, truncated

@@ -10,6 +10,7 @@ from pathlib import Path
 import datasets
 
 from attrib_bench.data.default import DEFAULT_SEED, DEFAULT_SIZE, generate_default_dataset
+from attrib_bench.data.rationales import is_eraser_folder, load_eraser
 from attrib_bench.errors import UsageError, unknown_choice
 from attrib_bench.interfaces import Example
 
@@ -164,6 +165,9 @@ def load_examples(
     name = name or DEFAULT_DATASET
     if name == DEFAULT_DATASET:
         data = _default(split, limit)
+    elif is_eraser_folder(Path(name).expanduser()):  # documents + evidence spans (ERASER)
+        examples, chosen, fingerprint = load_eraser(Path(name).expanduser(), split, limit)
+        data = LoadedData(examples, name, chosen, fingerprint, "document", None, "classification")
     else:
         path = Path(name).expanduser()
         dataset, chosen = _load_local(path, split) if path.exists() else _load_hub(name, split)

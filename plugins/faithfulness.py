@@ -1,0 +1,341 @@
+"""Faithfulness by erasure (ERASER; the DecompX protocol): remove what a method ranks highest.
+
+Definitions (DeYoung et al., "ERASER", ACL 2020, section 4.2; AOPC after Samek et al. 2017),
+with y the class the model predicts on the full input x and p(y | .) its probability:
+
+- comprehensiveness = p(y | x) - p(y | x minus its top-k% tokens)   (higher: more faithful)
+- sufficiency       = p(y | x) - p(y | only the top-k% tokens)      (lower: more faithful)
+
+each averaged over the bins k of ``ratios`` (AOPC; default 10%, 20%, ..., 90% as in DecompX;
+ERASER's own bins are ``ratios=0.01/0.05/0.1/0.2/0.5``). ``deletion`` and ``insertion`` are the
+same two erasures read as curves over ``ratios`` (default 0%, 10%, ..., 100%): the area under
+p(y | .) by the trapezoid rule, normalised to the ratio range (deletion: lower is better;
+insertion: higher). ``log-odds`` (Shrikumar et al. 2017) is the drop of the predicted class's
+log-odds log(p / (1 - p)) when the top 20% are removed (higher is better), and
+``masked-accuracy`` is the model's accuracy against the gold label after erasure, averaged over
+the bins (DecompX's ACC; ``mode=remove``: lower is better, ``mode=keep``: higher).
+
+Conventions, stated because results depend on them:
+
+- Which row: only the method's last aggregated row (a whole-model method has one) is scored,
+  unless ``layer=l`` (1-based) says otherwise; every layer would cost L times the model calls.
+  The result has one row, reported as layer 1.
+- Candidates: the example's real tokens except special tokens ([CLS], [SEP], <s>, </s>), which are
+  never removed. k = ceil(ratio * n) over the n candidates (so every ratio above 0 removes at
+  least one token). The top k are the k highest scores; ties go to the earlier position.
+- Removal (``removal=``): ``mask`` replaces the token by [MASK] (DecompX; the default), ``pad`` by
+  [PAD] (with attention kept: the [PAD] embedding as a baseline), ``zero`` sets the token's
+  embedding output to the zero vector, ``delete`` drops the token and re-packs the sequence.
+- Cost: all (ratio, example) variants of a batch run as a few batched forward passes of at most
+  ``chunk_tokens`` tokens each. Predictions are cached per batch by the tokens an erasure
+  removes, so another bin, evaluator or method erasing the same tokens of an example costs no
+  model call, and an erasure that removes nothing reuses the original prediction.
+- An example with no candidate token or a non-finite score is unscoreable (NaN).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+
+import numpy as np
+import torch
+
+import attrib_bench
+from attrib_bench import Attribution, Configurable, EvalContext, Trace, UsageError
+
+REMOVALS = ("mask", "pad", "zero", "delete")
+AOPC_RATIOS = "0.1/0.2/0.3/0.4/0.5/0.6/0.7/0.8/0.9"
+CURVE_RATIOS = "0/0.1/0.2/0.3/0.4/0.5/0.6/0.7/0.8/0.9/1"
+#: Where erased predictions are kept within one batch's trace, shared by every evaluator here.
+CACHE_KEY = "faithfulness.erased_log_probabilities"
+
+
+def parse_ratios(text: str) -> tuple[float, ...]:
+    """``"0.1/0.2"`` -> (0.1, 0.2): a "/"-separated list, since "," separates parameters."""
+    try:
+        ratios = tuple(float(part) for part in text.split("/") if part.strip())
+    except ValueError:
+        raise UsageError(f"ratios must be numbers separated by '/', got {text!r}") from None
+    if not ratios or any(not 0.0 <= r <= 1.0 for r in ratios):
+        raise UsageError(f"ratios must lie in [0, 1], got {text!r}")
+    return ratios
+
+
+def ratio_k(ratio: float, n: int) -> int:
+    """How many of n candidates a ratio erases: ceil(ratio * n), immune to float noise."""
+    return min(n, math.ceil(round(ratio * n, 9)))
+
+
+def top_k_mask(scores_BN: np.ndarray, candidates_BN: np.ndarray, k_B: np.ndarray) -> np.ndarray:
+    """True at each row's k highest-scoring candidates; ties go to the earlier position.
+
+    Non-candidates (padding, special tokens) are never selected, whatever their score.
+    """
+    positions = np.arange(scores_BN.shape[1])
+    out = np.zeros(scores_BN.shape, dtype=bool)
+    for row in range(scores_BN.shape[0]):
+        # lexsort: the last key is primary. Candidates first, then higher scores, then position.
+        order = np.lexsort((positions, -scores_BN[row], ~candidates_BN[row]))
+        out[row, order[: k_B[row]]] = True
+    return out & candidates_BN
+
+
+def erasure_mask(
+    scores_BN: np.ndarray, candidates_BN: np.ndarray, ratio: float, mode: str
+) -> np.ndarray:
+    """Tokens to erase: the top k (``remove``), or every candidate outside the top k (``keep``)."""
+    k_B = np.array([ratio_k(ratio, int(n)) for n in candidates_BN.sum(axis=1)])
+    top = top_k_mask(scores_BN, candidates_BN, k_B)
+    return top if mode == "remove" else candidates_BN & ~top
+
+
+def erase(
+    inputs: dict[str, torch.Tensor], erase_VN: torch.Tensor, removal: str, tokenizer
+) -> dict[str, torch.Tensor]:
+    """Model inputs with the marked tokens erased (``zero`` is applied by a hook instead)."""
+    ids = inputs["input_ids"]
+    if removal in ("mask", "pad"):
+        token_id = tokenizer.mask_token_id if removal == "mask" else tokenizer.pad_token_id
+        return {**inputs, "input_ids": torch.where(erase_VN, token_id, ids)}
+    if removal == "zero":
+        return inputs
+    kept_VN = inputs["attention_mask"].bool() & ~erase_VN
+    order = torch.sort((~kept_VN).to(torch.int32), dim=1, stable=True).indices  # kept first
+    length = int(kept_VN.sum(dim=1).max())
+    kept = kept_VN.gather(1, order)[:, :length]
+    out = {
+        "input_ids": torch.where(kept, ids.gather(1, order)[:, :length], tokenizer.pad_token_id),
+        "attention_mask": kept.to(inputs["attention_mask"].dtype),
+    }
+    if "token_type_ids" in inputs:
+        types = inputs["token_type_ids"].gather(1, order)[:, :length]
+        out["token_type_ids"] = torch.where(kept, types, 0)
+    return out
+
+
+def _forward(trace: Trace, inputs: dict, erase_VN: torch.Tensor, removal: str) -> torch.Tensor:
+    """Log-probabilities of the erased variants, (V, C) in float64."""
+    handle = None
+    if removal == "zero":
+        keep_VN1 = (~erase_VN)[..., None]
+        handle = trace.adapter.embeddings.register_forward_hook(
+            lambda _module, _args, output: output * keep_VN1.to(output.dtype)
+        )
+    try:
+        with torch.no_grad():
+            logits = trace.model(**erase(inputs, erase_VN, removal, trace.loaded.tokenizer)).logits
+    finally:
+        if handle is not None:
+            handle.remove()
+    return torch.log_softmax(logits.double(), dim=-1)
+
+
+def scored_row(attribution: Attribution, layer: int) -> torch.Tensor:
+    """The (B, N) row an erasure evaluator ranks: the last aggregated row, or layer ``layer``."""
+    rows_BLN = attribution.aggregated_BLN
+    count = rows_BLN.shape[1]
+    if layer == -1 or count == 1:
+        return rows_BLN[:, -1]
+    if not 1 <= layer <= count:
+        raise ValueError(f"layer={layer} asked, but the method has {count} layers")
+    return rows_BLN[:, layer - 1]
+
+
+class Erasure(Configurable, ABC):
+    """Shared machinery: erase by rank, run the variants batched, reduce per example."""
+
+    needs_reference = False
+    in_default_run = False
+    higher_is_better = True
+    #: "remove" erases the top k; "keep" erases everything but the top k.
+    mode = "remove"
+    parameters = {"ratios": AOPC_RATIOS, "removal": "mask", "layer": -1, "chunk_tokens": 8192}
+    choices = {"removal": REMOVALS}
+
+    def validate(self) -> None:
+        parse_ratios(self.params["ratios"])
+        if self.params["layer"] == 0 or self.params["layer"] < -1:
+            raise UsageError(f"{self.name}:layer must be -1 (last) or a layer number >= 1")
+        if self.params["chunk_tokens"] < 1:
+            raise UsageError(f"{self.name}:chunk_tokens must be >= 1")
+
+    def erased(self, attribution: Attribution, context: EvalContext) -> np.ndarray:
+        """Log-probabilities after erasure at every ratio: (R, B, C), NaN for unscoreable rows."""
+        trace, batch = context.trace, context.trace.batch
+        ratios = parse_ratios(self.params["ratios"])
+        removal = self.params["removal"]
+        if removal == "mask" and trace.loaded.tokenizer.mask_token_id is None:
+            raise UsageError("removal=mask needs a tokenizer with a mask token; use removal=pad")
+        scores_BN = scored_row(attribution, self.params["layer"]).detach().double().cpu().numpy()
+        candidates_BN = (
+            (batch.attention_mask_BN.bool() & ~batch.special_tokens_mask_BN.bool()).cpu().numpy()
+        )
+        scoreable_B = candidates_BN.any(axis=1) & np.where(
+            candidates_BN, np.isfinite(scores_BN), True
+        ).all(axis=1)
+        erase_RBN = np.stack([erasure_mask(scores_BN, candidates_BN, r, self.mode) for r in ratios])
+        # Keyed by what is erased, so that bins, evaluators and methods that erase the same
+        # tokens of an example share one model call.
+        keys = {
+            (r, b): (removal, b, erase_RBN[r, b].tobytes())
+            for r, b in zip(*np.nonzero(erase_RBN.any(axis=-1)), strict=True)
+        }
+        cache = trace.shared.setdefault(CACHE_KEY, {})
+        todo = {key: where for where, key in keys.items() if key not in cache}
+        if todo:
+            self._run(trace, erase_RBN, todo, cache)
+        out_RBC = np.repeat(
+            torch.log_softmax(trace.logits_BC.double(), dim=-1).cpu().numpy()[None],
+            len(ratios),
+            axis=0,
+        )
+        for (r, b), key in keys.items():
+            out_RBC[r, b] = cache[key]
+        out_RBC[:, ~scoreable_B] = np.nan
+        return out_RBC
+
+    def _run(self, trace: Trace, erase_RBN: np.ndarray, todo: dict, cache: dict) -> None:
+        """Batched passes of at most ``chunk_tokens`` tokens over the variants in ``todo``."""
+        batch = trace.batch
+        inputs = batch.model_inputs()
+        erase_RBN = torch.as_tensor(erase_RBN, device=batch.input_ids_BN.device)
+        variants = list(todo.items())  # (cache key, (ratio, example))
+        step = max(1, self.params["chunk_tokens"] // batch.input_ids_BN.shape[1])
+        for start in range(0, len(variants), step):
+            chunk = variants[start : start + step]
+            ratio_index = torch.tensor([int(r) for _, (r, _) in chunk])
+            example_index = torch.tensor([int(b) for _, (_, b) in chunk])
+            variant_inputs = {name: t[example_index] for name, t in inputs.items()}
+            erase_VN = erase_RBN[ratio_index, example_index]
+            log_probs = _forward(trace, variant_inputs, erase_VN, self.params["removal"])
+            for (key, _), values in zip(chunk, log_probs.cpu().numpy(), strict=True):
+                cache[key] = values
+
+    def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
+        erased_RBC = self.erased(attribution, context)
+        original_BC = torch.log_softmax(context.trace.logits_BC.double(), dim=-1).cpu().numpy()
+        predicted_B = context.trace.predicted_B.cpu().numpy()
+        columns = np.arange(len(predicted_B))
+        chosen_RB = erased_RBC[:, columns, predicted_B]
+        per_example = self.reduce(original_BC[columns, predicted_B], chosen_RB, erased_RBC, context)
+        return {"aggregated": per_example[None, :]}
+
+    @abstractmethod
+    def reduce(
+        self,
+        original_B: np.ndarray,
+        erased_RB: np.ndarray,
+        erased_RBC: np.ndarray,
+        context: EvalContext,
+    ) -> np.ndarray:
+        """Per-example score from log p(y) before (B,) and after erasure (R, B); all (R, B, C)."""
+
+
+class Comprehensiveness(Erasure):
+    name = "comprehensiveness"
+    description = "AOPC comprehensiveness: p(y|x) - p(y|x without top-k%), k in ratios (ERASER)"
+
+    def reduce(self, original_B, erased_RB, erased_RBC, context):
+        return (np.exp(original_B) - np.exp(erased_RB)).mean(axis=0)
+
+
+class Sufficiency(Erasure):
+    name = "sufficiency"
+    description = "AOPC sufficiency: p(y|x) - p(y|top-k% only), k in ratios; lower is better"
+    higher_is_better = False
+    mode = "keep"
+
+    def reduce(self, original_B, erased_RB, erased_RBC, context):
+        return (np.exp(original_B) - np.exp(erased_RB)).mean(axis=0)
+
+
+def curve_area(values_RB: np.ndarray, ratios: tuple[float, ...]) -> np.ndarray:
+    """Trapezoid area under each column's curve over ``ratios``, divided by the ratio range."""
+    x = np.asarray(ratios)
+    widths = np.diff(x)[:, None]
+    area = ((values_RB[1:] + values_RB[:-1]) / 2 * widths).sum(axis=0)
+    return area / (x[-1] - x[0])
+
+
+class Deletion(Erasure):
+    name = "deletion"
+    description = "Deletion curve: area under p(y) as top-ranked tokens are erased; lower is better"
+    higher_is_better = False
+    parameters = {**Erasure.parameters, "ratios": CURVE_RATIOS}
+
+    def validate(self) -> None:
+        super().validate()
+        ratios = parse_ratios(self.params["ratios"])
+        if len(ratios) < 2 or (np.diff(ratios) <= 0).any():
+            raise UsageError(f"{self.name}:ratios must be at least two increasing values")
+
+    def reduce(self, original_B, erased_RB, erased_RBC, context):
+        return curve_area(np.exp(erased_RB), parse_ratios(self.params["ratios"]))
+
+
+class Insertion(Deletion):
+    name = "insertion"
+    description = "Insertion curve: area under p(y) as top-ranked tokens are restored"
+    higher_is_better = True
+    mode = "keep"
+
+
+def log_odds(log_probs_BC: np.ndarray, classes_B: np.ndarray) -> np.ndarray:
+    """log(p / (1 - p)) of each row's class, from log-probabilities without cancellation."""
+    columns = np.arange(len(classes_B))
+    own = log_probs_BC[columns, classes_B]
+    others = log_probs_BC.copy()
+    others[columns, classes_B] = -np.inf
+    with np.errstate(divide="ignore"):
+        return own - np.logaddexp.reduce(others, axis=-1)
+
+
+class LogOdds(Erasure):
+    name = "log-odds"
+    description = "Drop of the predicted class's log-odds when the top 20% are removed"
+    parameters = {**Erasure.parameters, "ratios": "0.2"}
+
+    def reduce(self, original_B, erased_RB, erased_RBC, context):
+        trace = context.trace
+        predicted_B = trace.predicted_B.cpu().numpy()
+        original_BC = torch.log_softmax(trace.logits_BC.double(), dim=-1).cpu().numpy()
+        after_RB = np.stack([log_odds(erased_BC, predicted_B) for erased_BC in erased_RBC])
+        return (log_odds(original_BC, predicted_B)[None, :] - after_RB).mean(axis=0)
+
+
+class MaskedAccuracy(Erasure):
+    """Accuracy against the gold label after erasure, averaged over the bins (DecompX's ACC)."""
+
+    name = "masked-accuracy"
+    description = "Gold-label accuracy after erasing the top-k% (mode=remove) or the rest (keep)"
+    parameters = {**Erasure.parameters, "mode": "remove"}
+    choices = {**Erasure.choices, "mode": ("remove", "keep")}
+
+    @property
+    def mode(self) -> str:
+        return self.params["mode"]
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.params["mode"] == "keep"
+
+    def reduce(self, original_B, erased_RB, erased_RBC, context):
+        gold = [e.label for e in context.trace.batch.examples]
+        labels_B = np.array([-1 if g is None else g for g in gold])
+        correct_RB = (erased_RBC.argmax(axis=-1) == labels_B[None, :]).astype(float)
+        correct_RB[np.isnan(erased_RB)] = np.nan
+        correct_RB[:, labels_B < 0] = np.nan
+        return correct_RB.mean(axis=0)
+
+
+@attrib_bench.hookimpl
+def attrib_bench_evaluators() -> list:
+    return [
+        Comprehensiveness(),
+        Sufficiency(),
+        Deletion(),
+        Insertion(),
+        LogOdds(),
+        MaskedAccuracy(),
+    ]

@@ -1,0 +1,183 @@
+"""Plausibility: agreement with word-level human rationales, by the ERASER definitions.
+
+Subword scores become word scores through the fast tokenizer's offsets (``Batch.word_ids_BN``):
+the sum of a word's pieces (``pool=max``: their maximum), for the words of ``text.split()`` that
+the input still holds; words cut off by truncation are left out (the run reports the share of
+rationale words lost). An example without rationale words among them is unscoreable (NaN), as
+HateXplain's non-toxic posts are. As for faithfulness, the method's last aggregated row is scored
+unless ``layer=l`` says otherwise.
+
+Per example (DeYoung et al., "ERASER", ACL 2020, section 4.1 and its ``metrics.py``):
+
+- ``token-f1``: the top-k words (k = the number of rationale words; ``k_ratio=r``: ceil(r * words))
+  are the predicted rationale; precision, recall and F1 over word positions
+  (``score_hard_rationale_predictions``, its ``instance_macro`` F1 is the mean of these).
+- ``iou-f1``: the predicted words' maximal runs are spans; a predicted span is a true positive
+  when its best intersection-over-union with a rationale span is >= 0.5; precision = TP / predicted
+  spans, recall = TP / rationale spans, F1 of the two (``partial_match_score`` for one instance).
+  ERASER's macro IOU F1 is the F1 of the mean precision and mean recall: ``part=precision`` and
+  ``part=recall`` give those means, ``part=f1`` (default) the mean of per-example F1.
+- ``auprc``: the area under the precision-recall curve of the soft word scores, sklearn's
+  ``precision_recall_curve`` integrated by the trapezoid rule (ERASER's ``_auprc``).
+
+Rationale spans are the maximal runs of rationale words, exactly ERASER's evidence spans on
+``eraser_movies`` and ``hatexplain_eraser``, whose spans never touch or overlap.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+import attrib_bench
+from attrib_bench import Attribution, Configurable, EvalContext, UsageError
+from attrib_bench.data.rationales import word_scores
+from attrib_bench_plugins.faithfulness import ratio_k, scored_row
+
+
+def top_k_words(scores: np.ndarray, k: int) -> np.ndarray:
+    """Mask of the k highest scores; ties go to the earlier word."""
+    order = np.lexsort((np.arange(len(scores)), -scores))
+    chosen = np.zeros(len(scores), dtype=bool)
+    chosen[order[:k]] = True
+    return chosen
+
+
+def f1(precision: float, recall: float) -> float:
+    """ERASER's ``_f1``: 0 when either part is 0."""
+    if precision == 0 or recall == 0:
+        return 0.0
+    return 2 * precision * recall / (precision + recall)
+
+
+def token_prf(truth: np.ndarray, predicted: np.ndarray) -> tuple[float, float, float]:
+    """Instance precision, recall and F1 of predicted against true word positions."""
+    overlap = int((truth & predicted).sum())
+    precision = overlap / predicted.sum() if predicted.any() else 0.0
+    recall = overlap / truth.sum() if truth.any() else 0.0
+    return precision, recall, f1(precision, recall)
+
+
+def spans(mask: np.ndarray) -> list[tuple[int, int]]:
+    """Maximal runs of True as [start, end) pairs."""
+    edges = np.diff(np.concatenate(([0], mask.astype(np.int8), [0])))
+    return list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1), strict=True))
+
+
+def iou_prf(
+    truth: np.ndarray, predicted: np.ndarray, threshold: float = 0.5
+) -> tuple[float, float, float]:
+    """ERASER's partial match for one instance: precision, recall, F1 at an IOU threshold."""
+    true_spans, predicted_spans = spans(truth), spans(predicted)
+    hits = 0
+    for p_start, p_end in predicted_spans:
+        best = 0.0
+        for t_start, t_end in true_spans:
+            overlap = max(0, min(p_end, t_end) - max(p_start, t_start))
+            union = (p_end - p_start) + (t_end - t_start) - overlap
+            best = max(best, overlap / union if union else 0.0)
+        hits += best >= threshold
+    precision = hits / len(predicted_spans) if predicted_spans else 0.0
+    recall = hits / len(true_spans) if true_spans else 0.0
+    return precision, recall, f1(precision, recall)
+
+
+def auprc(truth: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the precision-recall curve, as ``sklearn.metrics.auc(recall, precision)``
+    over ``precision_recall_curve(truth, scores)``: one point per distinct score threshold plus
+    (recall 0, precision 1), joined by straight lines. NaN without a positive."""
+    if not truth.any():
+        return math.nan
+    order = np.argsort(-scores, kind="mergesort")
+    ranked_scores, ranked_truth = scores[order], truth[order].astype(float)
+    last_of_threshold = np.r_[np.flatnonzero(np.diff(ranked_scores)), len(ranked_truth) - 1]
+    true_positives = np.cumsum(ranked_truth)[last_of_threshold]
+    precision = true_positives / (last_of_threshold + 1)
+    recall = true_positives / true_positives[-1]
+    precision, recall = np.r_[1.0, precision], np.r_[0.0, recall]
+    return float(np.sum(np.diff(recall) * (precision[1:] + precision[:-1]) / 2))
+
+
+class Plausibility(Configurable, ABC):
+    """Word scores of the scored row, against each example's word rationale."""
+
+    needs_reference = False
+    in_default_run = False
+    parameters = {"pool": "sum", "layer": -1}
+    choices = {"pool": ("sum", "max")}
+
+    def validate(self) -> None:
+        if self.params["layer"] == 0 or self.params["layer"] < -1:
+            raise UsageError(f"{self.name}:layer must be -1 (last) or a layer number >= 1")
+
+    @abstractmethod
+    def metric(self, truth: np.ndarray, scores: np.ndarray) -> float:
+        """The per-example score of the visible words' rationale and soft scores."""
+
+    def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
+        batch = context.trace.batch
+        if all(e.rationale is None for e in batch.examples):
+            raise ValueError(
+                "the dataset has no word rationales (use an ERASER folder such as "
+                "../shared/data/hatexplain_eraser, or the default dataset)"
+            )
+        if batch.word_ids_BN is None:
+            raise ValueError("the batch has no word alignment (make it with make_batches)")
+        rows_BN = scored_row(attribution, self.params["layer"]).detach().double().cpu().numpy()
+        out = np.full(len(batch.examples), math.nan)
+        for row, example in enumerate(batch.examples):
+            if example.rationale is None:
+                continue
+            rationale = np.asarray(example.rationale, dtype=bool)
+            pooled, visible = word_scores(
+                rows_BN[row], batch.word_ids_BN[row].numpy(), len(rationale), self.params["pool"]
+            )
+            truth = rationale[visible]
+            if truth.any() and np.isfinite(pooled[visible]).all():
+                out[row] = self.metric(truth, pooled[visible])
+        return {"aggregated": out[None, :]}
+
+
+class TokenF1(Plausibility):
+    name = "token-f1"
+    description = "Token F1 of the top-k words vs human rationales (ERASER; k = rationale size)"
+    parameters = {**Plausibility.parameters, "k_ratio": 0.0}
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0.0 <= self.params["k_ratio"] <= 1.0:
+            raise UsageError(f"{self.name}:k_ratio must be in [0, 1] (0: the rationale size)")
+
+    def predicted(self, truth: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        ratio = self.params["k_ratio"]
+        k = ratio_k(ratio, len(scores)) if ratio > 0 else int(truth.sum())
+        return top_k_words(scores, k)
+
+    def metric(self, truth: np.ndarray, scores: np.ndarray) -> float:
+        return token_prf(truth, self.predicted(truth, scores))[2]
+
+
+class IouF1(TokenF1):
+    name = "iou-f1"
+    description = "IOU F1: top-k word spans matching a rationale span at IOU >= 0.5 (ERASER)"
+    parameters = {**TokenF1.parameters, "part": "f1"}
+    choices = {**TokenF1.choices, "part": ("f1", "precision", "recall")}
+
+    def metric(self, truth: np.ndarray, scores: np.ndarray) -> float:
+        precision, recall, score = iou_prf(truth, self.predicted(truth, scores))
+        return {"precision": precision, "recall": recall, "f1": score}[self.params["part"]]
+
+
+class Auprc(Plausibility):
+    name = "auprc"
+    description = "AUPRC of soft word scores vs human rationales (ERASER)"
+
+    def metric(self, truth: np.ndarray, scores: np.ndarray) -> float:
+        return auprc(truth, scores)
+
+
+@attrib_bench.hookimpl
+def attrib_bench_evaluators() -> list:
+    return [TokenF1(), IouF1(), Auprc()]

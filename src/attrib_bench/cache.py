@@ -1,0 +1,442 @@
+"""Per-example results on disk, so reruns compute only what changed and killed runs resume.
+
+One entry per (method, example) holds the example's tokens, the method's rows over them, the
+seconds the method took for it, and its per-example scores per evaluator. Keys:
+
+- **method key**: sha256 of the model (weights hash, config), seed, device type, the torch,
+  transformers and captum versions, a digest of attrib-bench's numeric core, and the method
+  itself: name, parameters after defaults are applied (``rollout`` and
+  ``rollout:residual=0.5`` share entries), its ``version`` attribute (``"0"`` if absent), the
+  plugin's distribution and version (or file), and a digest of its package's source files.
+- **example key**: sha256 of the example (id, text, pair, label, rationale) and of its model
+  input (token ids and type ids after tokenisation and truncation). It identifies the example
+  more narrowly than the dataset fingerprint: a changed ``--limit`` still reuses entries, while
+  any change to the text, tokenizer or ``--max-length`` misses.
+- **evaluator key**, inside an entry: the evaluator's name, parameters and code, plus the
+  reference's method key when it needs one.
+
+Entries are written atomically (temporary file, then ``os.replace``) with a sha256 of their
+payload inside; an entry that fails to parse or to verify is reported, deleted and recomputed.
+Layout: ``$ATTRIB_BENCH_CACHE/results/<method key>/<example key>.json``, plus ``key.json`` with
+the readable method identity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from attrib_bench import console
+from attrib_bench.interfaces import KINDS, Attribution, Batch
+from attrib_bench.model.finetune import cache_root
+from attrib_bench.plugins import Spec
+
+if TYPE_CHECKING:
+    from attrib_bench.run import MethodState, Prepared
+
+#: Bump when the entry layout or the meaning of a key changes.
+FORMAT = 1
+RESULTS_DIR = "results"
+#: Set to 1 to run without reading or writing the cache (as ``--no-cache``).
+NO_CACHE_ENV = "ATTRIB_BENCH_NO_CACHE"
+#: Modules of attrib-bench that never change a number; editing them keeps the cache valid.
+PRESENTATION_MODULES = frozenset(
+    {
+        "__main__.py",
+        "cache.py",
+        "check.py",
+        "cli.py",
+        "config.py",
+        "console.py",
+        "report.py",
+        "results.py",
+        "testing.py",
+    }
+)
+KEY_PACKAGES = ("torch", "transformers", "captum")
+ENTRY_KEYS = frozenset({"id", "tokens", "dtype", "rows", "seconds", "peak_memory_mb", "scores"})
+
+
+def results_root() -> Path:
+    return cache_root() / RESULTS_DIR
+
+
+def enabled(requested: bool = True) -> bool:
+    """The cache is used unless ``--no-cache`` or ``ATTRIB_BENCH_NO_CACHE=1`` says otherwise."""
+    return requested and os.environ.get(NO_CACHE_ENV, "").strip() in ("", "0")
+
+
+def digest(value: Any) -> str:
+    """A stable 128-bit hex digest of JSON-serialisable data (key order ignored)."""
+    text = json.dumps(value, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+#: Digests by the files' (path, mtime, size): a file edited in a long-lived process is rehashed.
+_SOURCE_DIGESTS: dict[tuple, str] = {}
+
+
+def _files_digest(files: Sequence[Path], root: Path) -> str:
+    stamp = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(files))
+    if stamp not in _SOURCE_DIGESTS:
+        hasher = hashlib.sha256()
+        for path in sorted(files):
+            hasher.update(str(path.relative_to(root)).encode())
+            hasher.update(path.read_bytes())
+        _SOURCE_DIGESTS[stamp] = hasher.hexdigest()[:32]
+    return _SOURCE_DIGESTS[stamp]
+
+
+def source_digest(module_name: str, exclude: frozenset[str] = frozenset()) -> str:
+    """Digest of a module's source: its whole top-level package, or the file of a lone module.
+
+    Helpers a method imports from its own package count, so editing an installed plugin (an
+    editable install keeps its version number) misses the cache instead of serving stale numbers.
+    Code without a readable file gets a fresh random digest: never a stale hit, only a recompute.
+    """
+    module = sys.modules.get(module_name)
+    if module is None:
+        return uuid.uuid4().hex
+    top = (module.__package__ or "").partition(".")[0]
+    package = sys.modules.get(top) if top else None
+    if package is not None and getattr(package, "__path__", None):
+        roots = [Path(p) for p in package.__path__]
+        files = [
+            path
+            for root in roots
+            for path in root.rglob("*.py")
+            if "__pycache__" not in path.parts and path.name not in exclude
+        ]
+        return _files_digest(files, roots[0].parent) if files else uuid.uuid4().hex
+    if getattr(module, "__file__", None) and Path(module.__file__).is_file():
+        path = Path(module.__file__)
+        return _files_digest([path], path.parent)
+    return uuid.uuid4().hex
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def code_identity(obj: Any, spec: str, source: str) -> dict[str, Any]:
+    """What decides a plugin object's output besides its inputs: see the module docstring."""
+    parsed = Spec.parse(spec)
+    params = getattr(obj, "params", None)
+    cls = type(obj)
+    return {
+        "name": parsed.name,
+        "params": dict(params) if isinstance(params, Mapping) else dict(parsed.params),
+        "version": str(getattr(obj, "version", "0")),
+        "plugin": source,
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "source": source_digest(cls.__module__),
+    }
+
+
+def run_identity(prepared: Prepared, seed: int) -> dict[str, Any]:
+    """The part of every method key shared by the run: model, seed, device, libraries, core."""
+    loaded = prepared.loaded
+    config = {k: v for k, v in loaded.model.config.to_dict().items() if not k.startswith("_")}
+    config.pop("transformers_version", None)
+    return {
+        "format": FORMAT,
+        "weights_sha256": loaded.weights_sha256,
+        "model_config": digest(config),
+        "seed": seed,
+        "device": loaded.device.type,
+        "packages": {name: _version(name) for name in KEY_PACKAGES},
+        "core": source_digest("attrib_bench.run", exclude=PRESENTATION_MODULES),
+    }
+
+
+def example_key(batch: Batch, row: int) -> str:
+    """Key of one example of a batch: its fields and its model input over the real tokens."""
+    example = batch.examples[row]
+    length = int(batch.attention_mask_BN[row].sum())
+    types = batch.token_type_ids_BN
+    return digest(
+        [
+            example.id,
+            example.text,
+            example.text_pair,
+            example.label,
+            list(example.rationale) if example.rationale is not None else None,
+            batch.input_ids_BN[row, :length].tolist(),
+            types[row, :length].tolist() if types is not None else None,
+        ]
+    )
+
+
+def _encode(payload: dict[str, Any]) -> str:
+    text = json.dumps(payload, separators=(",", ":"))
+    checksum = hashlib.sha256(text.encode()).hexdigest()
+    return json.dumps({"format": FORMAT, "sha256": checksum, "payload": text})
+
+
+def _decode(text: str) -> dict[str, Any]:
+    """The payload of an entry; ValueError when it is not one or its checksum fails."""
+    try:
+        outer = json.loads(text)
+        inner = outer["payload"]
+        if outer.get("format") != FORMAT:
+            raise ValueError(f"format {outer.get('format')!r}, expected {FORMAT}")
+        if hashlib.sha256(inner.encode()).hexdigest() != outer["sha256"]:
+            raise ValueError("checksum mismatch")
+        payload = json.loads(inner)
+    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as error:
+        raise ValueError(f"unreadable ({type(error).__name__})") from None
+    if not isinstance(payload, dict) or not set(payload) >= ENTRY_KEYS:
+        raise ValueError("not a cache entry")
+    return payload
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write via a unique temporary file and ``os.replace``: readers see all or nothing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        temporary.write_text(text)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def read_entry(path: Path) -> dict[str, Any] | None:
+    """An entry's payload; None when absent. A corrupt entry is reported and deleted."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as error:
+        text = f"\0{error}"
+    try:
+        return _decode(text)
+    except ValueError as error:
+        console.warn(f"corrupt cache entry {path} ({error}): deleted, it will be recomputed")
+        path.unlink(missing_ok=True)
+        return None
+
+
+def _nan_list(values: Any) -> list:
+    """Scores as JSON: NaN (an undefined example) becomes null."""
+    return [None if v is None or np.isnan(v) else float(v) for v in np.asarray(values, float)]
+
+
+def _rows(rows_BLN: torch.Tensor | None, row: int, length: int) -> list | None:
+    if rows_BLN is None:
+        return None
+    return rows_BLN[row, :, :length].detach().cpu().tolist()
+
+
+@dataclass
+class ResultCache:
+    """The cache as one run sees it: keys for its methods and evaluators, hits counted."""
+
+    prepared: Prepared
+    methods: list[MethodState]
+    #: Methods computed only to serve as the reference (their rows are cached, no scores).
+    helpers: list[MethodState]
+    evaluators: dict[str, Any]
+    reference: str
+    seed: int
+    method_keys: dict[str, str] = field(default_factory=dict)
+    evaluator_keys: dict[str, str] = field(default_factory=dict)
+    example_keys: dict[str, str] = field(default_factory=dict)
+    hits: dict[str, int] = field(default_factory=dict)
+    _entries: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    _seconds_seen: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        registry = self.prepared.registry
+        shared = run_identity(self.prepared, self.seed)
+        self._identities: dict[str, dict[str, Any]] = {}
+        for method in self.methods + self.helpers:
+            source = registry.attributors[Spec.parse(method.spec).name].source
+            identity = {**shared, "method": code_identity(method.attributor, method.spec, source)}
+            self._identities[method.spec] = identity
+            self.method_keys[method.spec] = digest(identity)
+            self.hits[method.spec] = 0
+        for name, evaluator in self.evaluators.items():
+            source = registry.evaluators[Spec.parse(name).name].source
+            needs = getattr(evaluator, "needs_reference", False)
+            self.evaluator_keys[name] = digest(
+                {
+                    "evaluator": code_identity(evaluator, name, source),
+                    "reference": self.method_keys.get(self.reference) if needs else None,
+                }
+            )
+
+    def _path(self, spec: str, key: str) -> Path:
+        return results_root() / self.method_keys[spec] / f"{key}.json"
+
+    def restore(self, batch: Batch) -> set[str]:
+        """Load the batch's entries; fill in methods cached for every example and every evaluator.
+
+        Returns the specs not to run on this batch: those, and the helper reference when nothing
+        left to compute needs it. Called before the batch is traced.
+        """
+        self._entries = {}
+        keys = [example_key(batch, row) for row in range(len(batch.examples))]
+        for example, key in zip(batch.examples, keys, strict=True):
+            self.example_keys[example.id] = key
+        done: set[str] = set()
+        helpers = {m.spec for m in self.helpers}
+        for method in self.methods + self.helpers:
+            if method.error is not None:
+                continue
+            entries = [self._load(method.spec, key) for key in keys]
+            if any(entry is None for entry in entries):
+                continue
+            if method.spec in helpers:
+                done.add(method.spec)
+                continue
+            wanted = [(name, self.evaluator_keys[name]) for name in self.evaluators]
+            if not all(key in entry["scores"] for entry in entries for _, key in wanted):
+                continue
+            for example, entry in zip(batch.examples, entries, strict=True):
+                for name, key in wanted:
+                    table = method.scores.setdefault(name, {})
+                    for kind, values in entry["scores"][key].items():
+                        table.setdefault(kind, {})[example.id] = np.array(
+                            [np.nan if v is None else v for v in values], dtype=float
+                        )
+                method.seconds += entry["seconds"]
+                method.peak_memory_mb = max(method.peak_memory_mb, entry["peak_memory_mb"])
+            method.examples += len(batch.examples)
+            self._seconds_seen[method.spec] = method.seconds
+            self.hits[method.spec] += len(batch.examples)
+            done.add(method.spec)
+        if all(m.spec in done or m.error is not None for m in self.methods):
+            done.update(m.spec for m in self.helpers)
+        return done
+
+    def _load(self, spec: str, key: str) -> dict[str, Any] | None:
+        entry = read_entry(self._path(spec, key))
+        if entry is not None:
+            self._entries[(spec, key)] = entry
+        return entry
+
+    def attribution(self, spec: str, batch: Batch) -> Attribution | None:
+        """A method's attribution of the batch rebuilt from its cached rows (None if missing)."""
+        keys = [self.example_keys[e.id] for e in batch.examples]
+        entries = [self._entries.get((spec, key)) for key in keys]
+        if any(entry is None for entry in entries):
+            return None
+        width = batch.input_ids_BN.shape[1]
+        device = batch.input_ids_BN.device
+        rebuilt: dict[str, torch.Tensor | None] = {}
+        for kind in KINDS:
+            if entries[0]["rows"].get(kind) is None:
+                rebuilt[kind] = None
+                continue
+            dtype = getattr(torch, entries[0]["dtype"])
+            layers = len(entries[0]["rows"][kind])
+            rows_BLN = torch.zeros((len(entries), layers, width), dtype=dtype, device=device)
+            for row, entry in enumerate(entries):
+                values = torch.tensor(entry["rows"][kind], dtype=dtype)
+                rows_BLN[row, :, : values.shape[1]] = values
+            rebuilt[kind] = rows_BLN
+        return Attribution(aggregated_BLN=rebuilt["aggregated"], local_BLN=rebuilt["local"])
+
+    def save(self, batch: Batch, results: Mapping[str, Attribution]) -> None:
+        """Write an entry per example for every method computed on this batch.
+
+        Scores of evaluators already cached in an older entry for this example are kept.
+        """
+        states = {m.spec: m for m in self.methods + self.helpers}
+        for spec, attribution in results.items():
+            method = states[spec]
+            seconds = method.seconds - self._seconds_seen.get(spec, 0.0)
+            self._seconds_seen[spec] = method.seconds
+            self._write_key(spec)
+            for row, (example, length) in enumerate(
+                zip(batch.examples, batch.lengths, strict=True)
+            ):
+                key = self.example_keys[example.id]
+                previous = self._entries.get((spec, key))
+                scores = dict(previous["scores"]) if previous else {}
+                for name, kinds in method.scores.items():
+                    if name in self.evaluator_keys and all(
+                        example.id in by_id for by_id in kinds.values()
+                    ):
+                        scores[self.evaluator_keys[name]] = {
+                            kind: _nan_list(by_id[example.id]) for kind, by_id in kinds.items()
+                        }
+                payload = {
+                    "id": example.id,
+                    "tokens": batch.tokens[row],
+                    "dtype": str(attribution.aggregated_BLN.dtype).removeprefix("torch."),
+                    "rows": {kind: _rows(attribution.rows(kind), row, length) for kind in KINDS},
+                    "seconds": seconds / len(batch.examples),
+                    "peak_memory_mb": method.peak_memory_mb,
+                    "scores": scores,
+                }
+                atomic_write(self._path(spec, key), _encode(payload))
+
+    def _write_key(self, spec: str) -> None:
+        path = results_root() / self.method_keys[spec] / "key.json"
+        if not path.is_file():
+            atomic_write(path, json.dumps(self._identities[spec], indent=1, default=str) + "\n")
+
+    def describe(self) -> dict[str, Any]:
+        """The ``cache`` section of the result: where entries are and how to find them."""
+        return {
+            "dir": str(results_root()),
+            "methods": {m.spec: self.method_keys[m.spec] for m in self.methods},
+            "reference": self.method_keys.get(self.reference),
+            "evaluators": dict(self.evaluator_keys),
+            "examples": dict(self.example_keys),
+            "hits": {m.spec: self.hits[m.spec] for m in self.methods},
+        }
+
+
+def cached_rows(document: Mapping[str, Any], spec: str, example_id: str) -> dict[str, Any] | None:
+    """An example's tokens and rows for one method, looked up through a result's ``cache``."""
+    section = document.get("cache") or {}
+    method_key = (section.get("methods") or {}).get(spec)
+    example = (section.get("examples") or {}).get(example_id)
+    if not method_key or not example:
+        return None
+    return read_entry(Path(section["dir"]) / method_key / f"{example}.json")
+
+
+def clear(include_models: bool = False) -> tuple[int, int]:
+    """Delete cached results (and fine-tuned models): (result entries removed, bytes freed)."""
+    targets = [results_root()] + ([cache_root() / "models"] if include_models else [])
+    entries = size = 0
+    for target in targets:
+        if not target.exists():
+            continue
+        for path in target.rglob("*"):
+            if path.is_file():
+                is_entry = target.name == RESULTS_DIR and path.name != "key.json"
+                entries += is_entry and path.suffix == ".json"
+                size += path.stat().st_size
+        shutil.rmtree(target)
+    return entries, size
+
+
+def hits_line(section: Mapping[str, Any]) -> str:
+    """One line for the terminal: how much of the run came from the cache."""
+    hits = section.get("hits") or {}
+    reused = {spec: n for spec, n in hits.items() if n}
+    if not reused:
+        return f"cache: nothing reused, new entries in {section.get('dir')}"
+    listed = ", ".join(f"{spec} {n}" for spec, n in reused.items())
+    return f"cache: examples reused per method: {listed} ({section.get('dir')})"

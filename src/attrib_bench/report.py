@@ -1,0 +1,525 @@
+"""Reports of a result file: one self-contained HTML page, or Markdown for text.
+
+The HTML holds the leaderboards, per-layer curves (matplotlib PNGs embedded as base64), token
+heatmaps of every method side by side for a few examples, and the provenance; it loads nothing
+from the network and runs no script. The result JSON has no token-level attributions, so the
+heatmaps come from ``--attributions FILE.jsonl`` (written by ``attrib-bench attribute``) when
+given, else from the run's cache entries (the result's ``cache`` section points at them); with
+neither, the report says so and shows everything else.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attrib_bench.errors import UsageError
+
+DEFAULT_EXAMPLES = 6
+#: Diverging colours: positive scores red, negative blue (RGB).
+POSITIVE = (214, 39, 40)
+NEGATIVE = (31, 119, 180)
+CSS = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1f2328;
+       margin: 2em auto; max-width: 1200px; padding: 0 1em; background: #fff; }
+h1 { font-size: 1.6em; margin-bottom: .2em; } h2 { border-bottom: 1px solid #d0d7de;
+     padding-bottom: .2em; margin-top: 1.6em; }
+table { border-collapse: collapse; margin: .6em 0 1.2em; }
+th, td { border: 1px solid #d0d7de; padding: 4px 8px; vertical-align: top; }
+th { background: #f6f8fa; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+tr.failed td { color: #cf222e; }
+.muted { color: #59636e; }
+table.heat td.method { white-space: nowrap; font-weight: 600; }
+span.tok { display: inline-block; padding: 1px 3px; margin: 1px; border-radius: 3px;
+           font-family: ui-monospace, "SFMono-Regular", Menlo, monospace; font-size: 13px; }
+img.plot { max-width: 100%; border: 1px solid #d0d7de; }
+code { background: #f6f8fa; padding: 0 3px; border-radius: 3px; }
+"""
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not math.isnan(value)
+
+
+def _signed(value: Any) -> str:
+    return f"{value:+.3f}" if _finite(value) else "-"
+
+
+def ok_evaluators(document: Mapping[str, Any]) -> list[str]:
+    return [name for name, e in document.get("evaluators", {}).items() if e["status"] == "ok"]
+
+
+def _sign(document: Mapping[str, Any], evaluator: str) -> float:
+    """+1 where higher scores are better (the default), -1 where lower are."""
+    info = document.get("evaluator_info", {}).get(evaluator, {})
+    return 1.0 if info.get("higher_is_better", True) else -1.0
+
+
+def heading(document: Mapping[str, Any], evaluator: str, kind: str | None = None) -> str:
+    """``spearman vs saliency (aggregated rows)``, with the direction when lower is better."""
+    info = document.get("evaluator_info", {}).get(evaluator, {})
+    versus = f" vs {document.get('reference')}" if info.get("needs_reference", True) else ""
+    notes = [f"{kind} rows"] if kind else []
+    if _sign(document, evaluator) < 0:
+        notes.append("lower is better")
+    return f"{evaluator}{versus}" + (f" ({', '.join(notes)})" if notes else "")
+
+
+def _goodness(method: Mapping[str, Any], evaluator: str, kind: str, sign: float) -> float:
+    layers = method.get("scores", {}).get(evaluator, {}).get(kind)
+    mean = layers[-1]["mean"] if layers else None
+    return sign * mean if _finite(mean) else -math.inf
+
+
+def ranked(document: Mapping[str, Any], evaluator: str, kind: str = "aggregated") -> list[str]:
+    """Method specs best first by last-layer score; failed methods last."""
+    methods, sign = document["methods"], _sign(document, evaluator)
+    return sorted(methods, key=lambda spec: -_goodness(methods[spec], evaluator, kind, sign))
+
+
+def leaderboard_rows(document: Mapping[str, Any], evaluator: str, kind: str) -> list[dict]:
+    """The terminal leaderboard's columns as data: best (layer), last, CI, n, cost, status."""
+    rows = []
+    for spec in ranked(document, evaluator, kind):
+        method = document["methods"][spec]
+        layers = method.get("scores", {}).get(evaluator, {}).get(kind)
+        if method["status"] == "ok" and not layers:
+            continue
+        row = {"spec": spec, "status": method["status"], "error": method.get("error")}
+        if layers:
+            scored = [x for x in layers if _finite(x["mean"])]
+            sign = _sign(document, evaluator)
+            best = max(scored, key=lambda x: sign * x["mean"]) if scored else None
+            last = layers[-1]
+            row["best"] = _signed(best["mean"] if best else None) + (
+                f" ({best['layer']})" if best and len(layers) > 1 else ""
+            )
+            row["last"] = _signed(last["mean"])
+            low, high = last["ci95"]
+            row["ci"] = f"[{low:+.2f}, {high:+.2f}]" if _finite(low) and _finite(high) else "-"
+            row["n"] = str(last["n"])
+        seconds = method.get("seconds_per_example")
+        row["seconds"] = f"{seconds:.4f}" if _finite(seconds) else "-"
+        memory = method.get("peak_memory_mb")
+        row["memory"] = f"{memory:.1f}" if _finite(memory) else "-"
+        rows.append(row)
+    return rows
+
+
+def _kinds(document: Mapping[str, Any], evaluator: str) -> list[str]:
+    present = {
+        kind
+        for method in document["methods"].values()
+        for kind in method.get("scores", {}).get(evaluator, {})
+    }
+    return [kind for kind in ("aggregated", "local") if kind in present]
+
+
+# ------------------------------------------------------------------------------ token rows
+
+
+def read_attributions(path: Path | str) -> dict[str, dict[str, dict[str, Any]]]:
+    """``attrib-bench attribute`` JSONL as example id -> method -> {tokens, row}."""
+    path = Path(path)
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise UsageError(f"attributions file {str(path)!r} does not exist") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            raise UsageError(f"{str(path)!r} line {number} is not JSON") from None
+        if "id" not in record or not record.get("aggregated"):
+            continue  # a failed method's error record
+        table.setdefault(str(record["id"]), {})[record["method"]] = {
+            "tokens": record["tokens"],
+            "row": record["aggregated"][-1],
+        }
+    return table
+
+
+def token_rows(
+    document: Mapping[str, Any],
+    example_ids: Sequence[str],
+    attributions: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Example id -> method -> {tokens, row}: the last aggregated row over the real tokens."""
+    from attrib_bench.cache import cached_rows
+
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    for example in example_ids:
+        if attributions is not None:
+            found = dict(attributions.get(example, {}))
+        else:
+            found = {}
+            for spec in document["methods"]:
+                entry = cached_rows(document, spec, example)
+                if entry is not None:
+                    found[spec] = {
+                        "tokens": entry["tokens"],
+                        "row": entry["rows"]["aggregated"][-1],
+                    }
+        if found:
+            table[example] = found
+    return table
+
+
+def _reference_rows(document: Mapping[str, Any], example_ids: Sequence[str]) -> dict:
+    """The reference's rows when it ran only as the reference (no leaderboard row of its own)."""
+    from attrib_bench.cache import read_entry
+
+    section = document.get("cache") or {}
+    key = section.get("reference")
+    reference = document.get("reference")
+    if not key or reference in document["methods"]:
+        return {}
+    found = {}
+    for example in example_ids:
+        example_key = section.get("examples", {}).get(example)
+        if not example_key:
+            continue
+        entry = read_entry(Path(section["dir"]) / key / f"{example_key}.json")
+        if entry is not None:
+            found[example] = {"tokens": entry["tokens"], "row": entry["rows"]["aggregated"][-1]}
+    return found
+
+
+# ----------------------------------------------------------------------------------- plots
+
+
+def layer_plot(document: Mapping[str, Any], evaluator: str) -> bytes:
+    """Per-layer mean with its 95% CI band, one panel per kind; whole-model methods dashed."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError(
+            "the HTML report draws its plots with matplotlib: pip install 'attrib-bench[plot]' "
+            "(or use --markdown)"
+        ) from None
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = _kinds(document, evaluator)
+    figure, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds) + 2.5, 4.4), squeeze=False)
+    colours = plt.get_cmap("tab10").colors
+    depth = max(
+        (
+            len(layers)
+            for method in document["methods"].values()
+            for layers in method.get("scores", {}).get(evaluator, {}).values()
+        ),
+        default=1,
+    )
+    # One style per method in both panels, in the first panel's ranking: ten distinct colours,
+    # then the same colours with other markers.
+    order = ranked(document, evaluator, kinds[0])
+    colour_of = {spec: colours[index % len(colours)] for index, spec in enumerate(order)}
+    marker_of = {spec: "osD^v"[(index // len(colours)) % 5] for index, spec in enumerate(order)}
+    for axis, kind in zip(axes[0], kinds, strict=True):
+        for spec in ranked(document, evaluator, kind):
+            layers = document["methods"][spec].get("scores", {}).get(evaluator, {}).get(kind)
+            if not layers:
+                continue
+            colour = colour_of[spec]
+            means = [x["mean"] if _finite(x["mean"]) else math.nan for x in layers]
+            if len(layers) == 1:
+                axis.hlines(means[0], 1, depth, colors=[colour], linestyles="--", label=spec)
+                continue
+            numbers = [x["layer"] for x in layers]
+            low = [x["ci95"][0] if _finite(x["ci95"][0]) else math.nan for x in layers]
+            high = [x["ci95"][1] if _finite(x["ci95"][1]) else math.nan for x in layers]
+            axis.plot(
+                numbers, means, marker=marker_of[spec], markersize=3, color=colour, label=spec
+            )
+            axis.fill_between(numbers, low, high, color=colour, alpha=0.15, linewidth=0)
+        axis.axhline(0, color="grey", linewidth=0.6)
+        axis.set_xlabel("layer")
+        axis.set_xticks(range(1, depth + 1))
+        axis.set_title(f"{kind} rows")
+        axis.grid(alpha=0.3)
+    axes[0][0].set_ylabel(heading(document, evaluator))
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
+    figure.tight_layout(rect=(0, 0, 0.8, 1))
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+# ------------------------------------------------------------------------------------ HTML
+
+
+def _escape(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _token_span(token: str, value: float, weight: float) -> str:
+    red, green, blue = POSITIVE if value >= 0 else NEGATIVE
+    return (
+        f'<span class="tok" style="background: rgba({red},{green},{blue},{weight:.3f})" '
+        f'title="{_escape(token)}: {value:+.4g}">{_escape(token)}</span>'
+    )
+
+
+def heatmap_row(tokens: Sequence[str], row: Sequence[float]) -> str:
+    """Tokens coloured by the rank of their score's magnitude within the row.
+
+    Ranks, not raw values: the evaluator compares ranks, and methods' scales differ by orders of
+    magnitude (GlobEnc's [CLS] self-score would wash out every other token). The hue gives the
+    sign, the exact score is in each token's tooltip.
+    """
+    from attrib_bench.stats import rank_rows
+
+    values = np.array([v if _finite(v) else 0.0 for v in row[: len(tokens)]], dtype=float)
+    if len(values) > 1 and np.ptp(np.abs(values)) > 0:
+        ranks = rank_rows(np.abs(values))
+        weights = (ranks - ranks.min()) / (ranks.max() - ranks.min())
+    else:
+        weights = np.zeros(len(values))
+    return "".join(
+        _token_span(t, v, 0.08 + 0.82 * w) for t, v, w in zip(tokens, values, weights, strict=False)
+    )
+
+
+def _leaderboard_html(document: Mapping[str, Any], evaluator: str, kind: str) -> str:
+    head = (
+        "<tr><th>#</th><th>method</th><th>best (layer)</th><th>last layer</th>"
+        "<th>95% CI</th><th>n</th><th>s/ex</th><th>peak MB</th><th>status</th></tr>"
+    )
+    body = []
+    for rank, row in enumerate(leaderboard_rows(document, evaluator, kind), 1):
+        failed = row["status"] != "ok"
+        status = f"failed: {row['error']}" if failed else "ok"
+        cells = [
+            f'<td class="num">{rank}</td>',
+            f"<td><code>{_escape(row['spec'])}</code></td>",
+            *(
+                f'<td class="num">{_escape(row.get(key, "-"))}</td>'
+                for key in ("best", "last", "ci", "n", "seconds", "memory")
+            ),
+            f"<td>{_escape(status)}</td>",
+        ]
+        body.append(f"<tr{' class=failed' if failed else ''}>{''.join(cells)}</tr>")
+    return f"<table>{head}{''.join(body)}</table>"
+
+
+def _provenance_rows(document: Mapping[str, Any]) -> list[tuple[str, str]]:
+    provenance = document.get("provenance", {})
+    model = provenance.get("model", {})
+    data = provenance.get("dataset", {})
+    packages = ", ".join(f"{k} {v}" for k, v in provenance.get("packages", {}).items() if v)
+    hardware = provenance.get("hardware", {})
+    cache = document.get("cache") or {}
+    reused = sum((cache.get("hits") or {}).values())
+    rows = [
+        ("created", document.get("created")),
+        ("model", f"{model.get('name')} ({model.get('type')}) — {model.get('id')}"),
+        ("weights sha256", model.get("weights_sha256")),
+        (
+            "dataset",
+            f"{data.get('name')} / {data.get('split')}: {data.get('examples')} examples, "
+            f"{data.get('truncated')} truncated to {data.get('max_length')} tokens",
+        ),
+        ("dataset fingerprint", data.get("fingerprint")),
+        ("reference", document.get("reference")),
+        ("seed", provenance.get("seed")),
+        ("packages", f"Python {provenance.get('python')}; {packages}"),
+        (
+            "hardware",
+            f"{hardware.get('device')}, {hardware.get('cpu_count')} CPUs, "
+            f"{hardware.get('torch_threads')} torch threads, {hardware.get('platform')}",
+        ),
+        ("config", json.dumps(document.get("config", {}), sort_keys=True)),
+    ]
+    if cache:
+        rows.append(("cache", f"{cache.get('dir')} ({reused} method-examples reused)"))
+    if document.get("finetune"):
+        rows.append(("fine-tuning", json.dumps(document["finetune"], sort_keys=True)))
+    return [(name, str(value)) for name, value in rows]
+
+
+def _heatmaps_html(
+    document: Mapping[str, Any],
+    rows: Mapping[str, Mapping[str, Any]],
+    reference: Mapping[str, Any],
+    order: Sequence[str],
+) -> str:
+    if not rows:
+        return (
+            '<p class="muted">No token-level attributions found: the run\'s cache entries are '
+            "gone or it ran with <code>--no-cache</code>. Pass <code>--attributions "
+            "FILE.jsonl</code> from <code>attrib-bench attribute</code> to see heatmaps.</p>"
+        )
+    parts = [
+        '<p class="muted">Last-layer aggregated [CLS] rows over the real tokens. Colour depth is '
+        "the token's rank by magnitude within its row (red positive, blue negative); hover a "
+        "token for its score.</p>"
+    ]
+    for example, methods in rows.items():
+        table = []
+        if example in reference:
+            entry = reference[example]
+            label = f"{document.get('reference')} (reference)"
+            table.append(
+                f'<tr><td class="method">{_escape(label)}</td>'
+                f"<td>{heatmap_row(entry['tokens'], entry['row'])}</td></tr>"
+            )
+        for spec in [s for s in order if s in methods] + [s for s in methods if s not in order]:
+            entry = methods[spec]
+            table.append(
+                f'<tr><td class="method"><code>{_escape(spec)}</code></td>'
+                f"<td>{heatmap_row(entry['tokens'], entry['row'])}</td></tr>"
+            )
+        parts.append(
+            f"<h3>Example <code>{_escape(example)}</code></h3>"
+            f'<table class="heat">{"".join(table)}</table>'
+        )
+    return "".join(parts)
+
+
+def _examples(document: Mapping[str, Any], count: int) -> list[str]:
+    return [str(i) for i in (document.get("example_ids") or [])[:count]]
+
+
+def render_html(
+    document: Mapping[str, Any],
+    attributions: Mapping[str, Mapping[str, Any]] | None = None,
+    examples: int = DEFAULT_EXAMPLES,
+) -> str:
+    """The whole report as one HTML string (inline CSS, PNGs as data URIs)."""
+    provenance = document.get("provenance", {})
+    model = provenance.get("model", {})
+    data = provenance.get("dataset", {})
+    evaluators = ok_evaluators(document)
+    sections = []
+    for evaluator in evaluators:
+        for kind in _kinds(document, evaluator):
+            sections.append(
+                f"<h2>Leaderboard: {_escape(heading(document, evaluator, kind))}</h2>"
+                + _leaderboard_html(document, evaluator, kind)
+            )
+    for name, state in document.get("evaluators", {}).items():
+        if state["status"] != "ok":
+            sections.append(
+                f'<p class="failed">Evaluator <code>{_escape(name)}</code> failed: '
+                f"{_escape(state['error'])}</p>"
+            )
+    for evaluator in evaluators:
+        png = base64.b64encode(layer_plot(document, evaluator)).decode()
+        sections.append(
+            f"<h2>Per layer: {_escape(evaluator)}</h2>"
+            f'<img class="plot" alt="{_escape(evaluator)} per layer" '
+            f'src="data:image/png;base64,{png}">'
+        )
+    chosen = _examples(document, examples)
+    rows = token_rows(document, chosen, attributions)
+    reference = _reference_rows(document, chosen) if attributions is None else {}
+    order = ranked(document, evaluators[0]) if evaluators else list(document["methods"])
+    sections.append("<h2>Token heatmaps</h2>" + _heatmaps_html(document, rows, reference, order))
+    provenance_table = "".join(
+        f"<tr><th>{_escape(k)}</th><td>{_escape(v)}</td></tr>"
+        for k, v in _provenance_rows(document)
+    )
+    sections.append(f"<h2>Provenance</h2><table>{provenance_table}</table>")
+    title = f"attrib-bench: {model.get('name', 'model')} on {data.get('name')}/{data.get('split')}"
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_escape(title)}</title><style>{CSS}</style></head><body>"
+        f"<h1>{_escape(title)}</h1>"
+        f'<p class="muted">n = {_escape(data.get("examples"))} examples, reference '
+        f"<code>{_escape(document.get('reference'))}</code>, created "
+        f"{_escape(document.get('created'))}</p>" + "".join(sections) + "</body></html>\n"
+    )
+
+
+# -------------------------------------------------------------------------------- Markdown
+
+
+def render_markdown(
+    document: Mapping[str, Any],
+    attributions: Mapping[str, Mapping[str, Any]] | None = None,
+    examples: int = DEFAULT_EXAMPLES,
+    top: int = 5,
+) -> str:
+    """The report as Markdown: leaderboards, per-layer means, top tokens, provenance."""
+    provenance = document.get("provenance", {})
+    data = provenance.get("dataset", {})
+    model = provenance.get("model", {})
+    lines = [
+        f"# attrib-bench: {model.get('name')} on {data.get('name')}/{data.get('split')}",
+        "",
+        f"n = {data.get('examples')} examples, reference `{document.get('reference')}`, "
+        f"created {document.get('created')}.",
+        "",
+    ]
+    evaluators = ok_evaluators(document)
+    for evaluator in evaluators:
+        for kind in _kinds(document, evaluator):
+            lines += [
+                f"## {heading(document, evaluator, kind)}",
+                "",
+                "| # | method | best (layer) | last layer | 95% CI | n | s/ex | peak MB | status |",
+                "|---:|---|---:|---:|---:|---:|---:|---:|---|",
+            ]
+            for rank, row in enumerate(leaderboard_rows(document, evaluator, kind), 1):
+                status = "ok" if row["status"] == "ok" else f"failed: {row['error']}"
+                cells = [row.get(k, "-") for k in ("best", "last", "ci", "n", "seconds", "memory")]
+                lines.append(
+                    f"| {rank} | `{row['spec']}` | " + " | ".join(cells) + f" | {status} |"
+                )
+            lines.append("")
+        depth = max(
+            (len(m.get("scores", {}).get(evaluator, {}).get("aggregated") or []))
+            for m in document["methods"].values()
+        )
+        if depth > 1:
+            lines += [
+                f"### Per layer ({evaluator}, aggregated rows, mean)",
+                "",
+                "| method | " + " | ".join(f"L{i}" for i in range(1, depth + 1)) + " |",
+                "|---|" + "---:|" * depth,
+            ]
+            for spec in ranked(document, evaluator):
+                layers = document["methods"][spec].get("scores", {}).get(evaluator, {})
+                layers = layers.get("aggregated") or []
+                if len(layers) > 1:
+                    cells = [_signed(x["mean"]) for x in layers]
+                    lines.append(f"| `{spec}` | " + " | ".join(cells) + " |")
+            lines.append("")
+    for name, state in document.get("evaluators", {}).items():
+        if state["status"] != "ok":
+            lines += [f"Evaluator `{name}` failed: {state['error']}", ""]
+    rows = token_rows(document, _examples(document, examples), attributions)
+    order = ranked(document, evaluators[0]) if evaluators else list(document["methods"])
+    order += sorted({spec for methods in rows.values() for spec in methods} - set(order))
+    if rows:
+        lines += [f"## Top {top} tokens (last-layer aggregated rows)", ""]
+        for example, methods in rows.items():
+            lines += [f"**Example `{example}`**", "", "| method | top tokens |", "|---|---|"]
+            for spec in [s for s in order if s in methods]:
+                entry = methods[spec]
+                pairs = sorted(
+                    zip(entry["tokens"], entry["row"], strict=False),
+                    key=lambda pair: -abs(pair[1]) if _finite(pair[1]) else 0.0,
+                )[:top]
+                shown = ", ".join(f"`{token}` {value:+.3g}" for token, value in pairs)
+                lines.append(f"| `{spec}` | {shown} |")
+            lines.append("")
+    lines += ["## Provenance", ""]
+    lines += [f"- **{name}**: {value}" for name, value in _provenance_rows(document)]
+    return "\n".join(lines) + "\n"

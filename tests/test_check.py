@@ -1,0 +1,271 @@
+"""The regression gate: the paired-bootstrap rule, what it reports, exit codes, end to end."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attrib_bench.check import compare, paired_bootstrap
+from attrib_bench.errors import ExitCode, UsageError
+
+N = 60
+
+
+def document(
+    scores: dict[str, list[float]],
+    ids: list[str] | None = None,
+    higher_is_better: bool = True,
+    evaluator: str = "spearman",
+) -> dict:
+    """A minimal result document: one last-layer aggregated score per example and method."""
+    ids = ids or [f"ex{i}" for i in range(len(next(iter(scores.values()))))]
+    methods = {}
+    for spec, values in scores.items():
+        finite = [v for v in values if v is not None]
+        summary = {"layer": 1, "mean": float(np.mean(finite)), "std": 0.0, "ci95": [0, 0]}
+        methods[spec] = {
+            "name": spec.partition(":")[0],
+            "plugin": "test",
+            "status": "ok",
+            "error": None,
+            "seconds_per_example": 0.01,
+            "scores": {evaluator: {"aggregated": [{**summary, "n": len(finite), "nan": 0}]}},
+            "per_example": {evaluator: {"aggregated": [list(values)]}},
+        }
+    return {
+        "schema_version": 1,
+        "created": "2026-01-01T00:00:00+00:00",
+        "config": {"limit": len(ids), "batch_size": 16, "seed": 0},
+        "provenance": {
+            "model": {"name": "m", "id": "m", "type": "bert", "weights_sha256": "a" * 64},
+            "dataset": {"name": "d", "split": "test", "fingerprint": "f", "examples": len(ids)},
+        },
+        "reference": "saliency",
+        "evaluators": {evaluator: {"status": "ok", "error": None}},
+        "evaluator_info": {evaluator: {"higher_is_better": higher_is_better}},
+        "example_ids": ids,
+        "methods": methods,
+    }
+
+
+@pytest.fixture
+def scores() -> np.ndarray:
+    return np.random.default_rng(0).uniform(0.2, 0.9, N)
+
+
+def test_identical_results_pass_with_zero_deltas(scores):
+    base = document({"a": list(scores), "b": list(scores[::-1])})
+    comparison = compare(copy.deepcopy(base), base)
+    assert comparison.passed and comparison.exit_code == ExitCode.OK
+    assert [(r.method, r.delta, r.ci, r.n) for r in comparison.rows] == [
+        ("a", 0.0, (0.0, 0.0), N),
+        ("b", 0.0, (0.0, 0.0), N),
+    ]
+
+
+def test_a_clear_drop_is_a_regression(scores):
+    noise = np.random.default_rng(1).normal(0, 0.02, N)
+    base = document({"a": list(scores), "b": list(scores)})
+    now = document({"a": list(scores - 0.1 + noise), "b": list(scores + noise)})
+    comparison = compare(now, base, tolerance=0.02)
+    assert comparison.exit_code == ExitCode.REGRESSION
+    (regression,) = comparison.regressions
+    assert regression.method == "a"
+    assert regression.delta == pytest.approx(float(np.mean(noise - 0.1)))
+    assert regression.ci[0] < regression.delta < regression.ci[1] < 0
+    text = comparison.markdown("now.json", "base.json")
+    assert text.startswith("## ❌ attrib-bench check: 1 regression(s)")
+    assert "| `a` | spearman | aggregated | 1 |" in text and "❌ regression" in text
+
+
+def test_a_drop_within_tolerance_or_within_noise_passes(scores):
+    base = document({"a": list(scores), "b": list(scores)})
+    # a: fell by 0.01 everywhere (CI far below 0) but less than the tolerance.
+    # b: fell by 0.05 on average, but only because of a few examples: the CI straddles 0.
+    b = scores.copy()
+    b[:3] -= 1.0
+    now = document({"a": list(scores - 0.01), "b": list(b)})
+    comparison = compare(now, base, tolerance=0.02)
+    assert comparison.passed, comparison.markdown()
+    rows = {r.method: r for r in comparison.rows}
+    assert rows["a"].ci[1] < 0 and rows["a"].delta > -0.02
+    assert rows["b"].delta < -0.02 and rows["b"].ci[1] >= 0
+    assert "⚠️ worse, within noise" in comparison.markdown()
+    # The same drops gate with a zero tolerance only where the CI excludes zero.
+    assert [r.method for r in compare(now, base, tolerance=0.0).regressions] == ["a"]
+
+
+def test_lower_is_better_evaluators_regress_when_the_score_rises(scores):
+    base = document({"a": list(scores)}, higher_is_better=False, evaluator="deletion")
+    worse = document({"a": list(scores + 0.1)}, higher_is_better=False, evaluator="deletion")
+    better = document({"a": list(scores - 0.1)}, higher_is_better=False, evaluator="deletion")
+    assert compare(worse, base).exit_code == ExitCode.REGRESSION
+    improved = compare(better, base)
+    assert improved.passed and "✅ improved" in improved.markdown()
+
+
+def test_examples_are_paired_by_id_not_position(scores):
+    ids = [f"ex{i}" for i in range(N)]
+    base = document({"a": list(scores)}, ids)
+    order = np.random.default_rng(2).permutation(N)
+    now = document({"a": list(scores[order])}, [ids[i] for i in order])
+    (row,) = compare(now, base).rows
+    assert (row.delta, row.ci) == (0.0, (0.0, 0.0))
+
+    # Only shared examples with a defined score in both files count.
+    now = document({"a": [None, *list(scores[1:40])]}, ids[:40])
+    (row,) = compare(now, base).rows
+    assert row.n == 39 and row.delta == 0.0
+
+
+def test_failed_removed_added_and_changed_settings_are_reported(scores):
+    base = document({"a": list(scores), "b": list(scores), "gone": list(scores)})
+    now = document({"a": list(scores), "b": list(scores), "new": list(scores)})
+    now["methods"]["b"].update(status="failed", error="RuntimeError: boom")
+    now["config"]["limit"] = 10
+    now["config"]["batch_size"] = 4
+    now["provenance"]["model"]["weights_sha256"] = "b" * 64
+    comparison = compare(now, base)
+    assert comparison.failed == {"b": "RuntimeError: boom"}
+    assert comparison.exit_code == ExitCode.REGRESSION  # a method that broke fails the gate
+    assert (comparison.removed, comparison.added) == (["gone"], ["new"])
+    assert ("limit", N, 10) in comparison.config_changes
+    text = comparison.markdown()
+    assert "- ❌ `b`: RuntimeError: boom" in text
+    assert "**Removed** (in the baseline, not in the results): `gone`" in text
+    assert "**Added** (no baseline yet): `new`" in text
+    assert f"- `limit`: `{N}` → `10`" in text
+    assert "- `batch_size`: `16` → `4` (does not change the numbers)" in text
+    assert "> **the model weights differ (sha256 aaaaaaaaaaaa -> bbbbbbbbbbbb)" in text
+    assert "may be meaningless" in text
+
+
+def test_a_failed_evaluator_fails_the_gate(scores):
+    base = document({"a": list(scores)})
+    now = copy.deepcopy(base)
+    now["evaluators"]["spearman"] = {"status": "failed", "error": "ValueError: shapes"}
+    comparison = compare(now, base)
+    assert comparison.failed_evaluators == {"spearman": "ValueError: shapes"}
+    assert comparison.exit_code == ExitCode.REGRESSION
+
+
+def test_unusable_inputs_are_usage_errors(scores):
+    base = document({"a": list(scores)})
+    summary_only = copy.deepcopy(base)
+    del summary_only["example_ids"]
+    with pytest.raises(UsageError, match="summaries only"):
+        compare(base, summary_only)
+    with pytest.raises(UsageError, match="schema_version 2"):
+        compare({**base, "schema_version": 2}, base)
+    with pytest.raises(UsageError, match="nothing to compare"):
+        compare(document({"other": list(scores)}), base)
+    with pytest.raises(UsageError, match="tolerance"):
+        compare(base, base, tolerance=-1)
+
+
+def test_paired_bootstrap_is_seeded_and_brackets_the_mean():
+    differences = np.random.default_rng(3).normal(-0.05, 0.1, 200)
+    low, high = paired_bootstrap(differences, seed=0)
+    assert (low, high) == paired_bootstrap(differences, seed=0)
+    assert low < differences.mean() < high
+    # The half-width shrinks like 1/sqrt(n): about 1.96 standard errors.
+    assert high - low == pytest.approx(2 * 1.96 * differences.std() / math.sqrt(200), rel=0.15)
+    assert all(math.isnan(v) for v in paired_bootstrap(differences[:1]))
+
+
+# ------------------------------------------------------------------------------------- the CLI
+
+
+def write(path: Path, doc: dict) -> Path:
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_check_exit_codes_and_step_summary(run_cli, tmp_path, scores, monkeypatch):
+    base = write(tmp_path / "base.json", document({"a": list(scores)}))
+    same = write(tmp_path / "same.json", document({"a": list(scores)}))
+    worse = write(tmp_path / "worse.json", document({"a": list(scores - 0.2)}))
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+
+    code, out, err = run_cli("check", same, "--baseline", base)
+    assert code == 0, err
+    assert out.startswith("## ✅ attrib-bench check: no regression")
+    assert f"summary appended to {summary}" in " ".join(err.split())
+
+    code, out, _ = run_cli("check", worse, "--baseline", base, "--tolerance", "0.05")
+    assert code == 1
+    assert "❌ regression" in out and "tolerance (0.05)" in out
+    text = summary.read_text()
+    assert text.startswith("earlier step\n## ✅") and "## ❌ attrib-bench check" in text
+
+    (tmp_path / "broken.json").write_text("{not json")
+    for bad in (tmp_path / "missing.json", tmp_path / "broken.json"):
+        code, out, err = run_cli("check", bad, "--baseline", base)
+        assert code == 2 and out == ""
+        assert "error:" in err
+
+
+#: A method of its own (saliency under another name), and a degraded version of it.
+MY_METHOD = """
+import torch
+
+import attrib_bench
+from attrib_bench_plugins.gradient import Saliency
+
+NOISE = {noise}
+
+
+class MyMethod(Saliency):
+    name = "my-method"
+    description = "Gradient x input, as a team's own method"
+
+    def attribute(self, trace):
+        attribution = super().attribute(trace)
+        if not NOISE:
+            return attribution
+        rows = attribution.aggregated_BLN
+        generator = torch.Generator().manual_seed(0)
+        noise = torch.rand(rows.shape, generator=generator).to(rows.device)
+        rows = rows + NOISE * noise * rows.abs().amax(dim=-1, keepdim=True)
+        return attrib_bench.Attribution(rows * trace.mask_BN[:, None, :].to(rows.dtype))
+
+
+@attrib_bench.hookimpl
+def attrib_bench_attributors():
+    return [MyMethod()]
+"""
+
+
+def test_a_degraded_plugin_fails_the_gate_and_the_clean_one_passes(
+    tiny_bert, run_cli, tmp_path, monkeypatch
+):
+    monkeypatch.delenv("ATTRIB_BENCH_NO_CACHE")  # as users run it: the edit must miss the cache
+    plugin = tmp_path / "my_method.py"
+    args = ["--model", tiny_bert, "--limit", "16", "--attributors", "my-method,attention"]
+    args += ["--plugin", plugin, "--quiet"]
+
+    def run(noise: float, name: str) -> Path:
+        plugin.write_text(MY_METHOD.format(noise=noise))
+        code, _, err = run_cli("run", *args, "--output", tmp_path / name)
+        assert code == 0, err
+        return tmp_path / name
+
+    baseline = run(0.0, "baseline.json")
+    degraded = run(2.0, "degraded.json")
+    code, out, _ = run_cli("check", degraded, "--baseline", baseline)
+    assert code == 1, out
+    assert "| `my-method` | spearman | aggregated | 1 | +1.000 |" in out
+    assert "❌ regression" in out
+    assert "| `attention` |" in out and out.count("❌ regression") == 1
+
+    clean = run(0.0, "clean.json")
+    code, out, _ = run_cli("check", clean, "--baseline", baseline)
+    assert code == 0, out
+    assert "## ✅ attrib-bench check: no regression" in out
