@@ -26,7 +26,7 @@ def write_attributions(config: RunConfig, output: Path, quiet: bool = False) -> 
     torch.manual_seed(config.seed)
     prepared = prepare(config, quiet)
     registry = prepared.registry
-    specs = [Spec.parse(s) for s in (config.attributors or sorted(registry.attributors))]
+    specs = [Spec.parse(s) for s in (config.attributors or registry.defaults("attributors"))]
     methods = [MethodState(str(s), registry.attributor(s)) for s in specs]
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(output.name + ".tmp")

@@ -100,7 +100,8 @@ class Attributor(Protocol):
     """A token-attribution method.
 
     ``requires`` names the trace fields it reads ("attentions", "hidden_states", "values",
-    "pre_layernorm"); the runner captures their union in one forward pass per batch.
+    "pre_layernorm"); the runner captures their union in one forward pass per batch. A costly
+    method may set ``in_default_run = False``: it then runs only when selected by name.
     """
 
     name: str

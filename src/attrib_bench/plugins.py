@@ -68,6 +68,11 @@ class Registry:
     #: Plugins that failed to import: source -> error message. They are reported, not fatal.
     broken: dict[str, str] = field(default_factory=dict)
 
+    def defaults(self, kind: str) -> list[str]:
+        """Names run when none are selected: all but those marked ``in_default_run = False``."""
+        table = self.attributors if kind == "attributors" else self.evaluators
+        return [n for n, reg in sorted(table.items()) if getattr(reg.obj, "in_default_run", True)]
+
     def attributor(self, spec: Spec | str) -> Any:
         return self._configured(self.attributors, "attributor", spec)
 

@@ -206,18 +206,13 @@ def run_benchmark(config: RunConfig, quiet: bool = False, cache: bool = True) ->
     torch.manual_seed(config.seed)
     prepared = prepare(config, quiet)
     registry = prepared.registry
-    specs = [Spec.parse(s) for s in (config.attributors or sorted(registry.attributors))]
+    specs = [Spec.parse(s) for s in (config.attributors or registry.defaults("attributors"))]
     methods = [MethodState(str(s), registry.attributor(s)) for s in specs]
     if FLOOR in registry.attributors and all(s.name != FLOOR for s in specs):
         methods.append(MethodState(FLOOR, registry.attributor(FLOOR), added=True))
-    default_evaluators = [
-        name
-        for name, registered in sorted(registry.evaluators.items())
-        if getattr(registered.obj, "in_default_run", True)
-    ]
     evaluators = {
         str(Spec.parse(s)): registry.evaluator(s)
-        for s in (config.evaluators or default_evaluators)
+        for s in (config.evaluators or registry.defaults("evaluators"))
     }
     reference_spec = str(Spec.parse(config.reference))
     reference_method = next((m for m in methods if m.spec == reference_spec), None)
