@@ -113,3 +113,9 @@ def test_layerwise_reference_compares_layer_by_layer(tiny_bert, run_cli, tmp_pat
     methods = json.loads(output.read_text())["methods"]
     assert len(methods["attention"]["scores"]["spearman"]["aggregated"]) == 3
     assert len(methods["saliency"]["scores"]["spearman"]["aggregated"]) == 1
+
+
+def test_costly_hta_is_not_in_the_default_run():
+    defaults = load_registry().defaults("attributors")
+    assert "hta" not in defaults
+    assert {"attention", "globenc", "effective-attention", "saliency"} <= set(defaults)
