@@ -235,7 +235,7 @@ def main() -> None:
     parser.add_argument("part", choices=("faithfulness", "plausibility"))
     parser.add_argument("--model", help="classifier directory (default: fine-tuned, cached)")
     parser.add_argument("--limit", type=int, help="examples (default: 300 SST-2, 400 HateXplain)")
-    parser.add_argument("--sanity-limit", type=int, default=64)
+    parser.add_argument("--sanity-limit", type=int, default=32)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     os.environ.setdefault("ATTRIB_BENCH_NO_CACHE", "1")  # fresh timings, not cached results
