@@ -84,7 +84,7 @@ def test_rerun_reuses_everything_and_equals_a_fresh_computation(
     first, err = run(run_cli, tmp_path, tiny_bert, "counted,attention", name="first.json")
     assert "nothing reused" in err
     assert sorted(computed(cache_on)) == sorted(("counted", i) for i in first["example_ids"])
-    assert first["cache"]["hits"] == {"counted": 0, "attention": 0, "random": 0}
+    assert first["cache"]["hits"] == {"counted": 0, "attention": 0, "saliency": 0, "random": 0}
     assert set(first["cache"]["examples"]) == set(first["example_ids"])
     jsonschema = pytest.importorskip("jsonschema")
     from attrib_bench.results import SCHEMA_PATH
@@ -98,8 +98,8 @@ def test_rerun_reuses_everything_and_equals_a_fresh_computation(
     )
     again, err = run(run_cli, tmp_path, tiny_bert, "counted,attention", name="again.json")
     assert computed(cache_on) == []
-    assert again["cache"]["hits"] == {"counted": 8, "attention": 8, "random": 8}
-    assert "examples reused per method: counted 8, attention 8, random 8" in err
+    assert again["cache"]["hits"] == {"counted": 8, "attention": 8, "saliency": 8, "random": 8}
+    assert "examples reused per method: counted 8, attention 8, saliency 8, random 8" in err
     # Identical numbers, the cost recorded when they were computed included.
     assert numbers(again) == numbers(first)
 
@@ -128,11 +128,16 @@ def test_adding_a_method_computes_only_that_method(tiny_bert, run_cli, tmp_path,
     )
 
 
-def test_reference_only_runs_when_a_method_needs_scoring(tiny_bert, run_cli, tmp_path, cache_on):
-    """A reference that is not on the leaderboard is cached too and rebuilt from its rows."""
+def test_unselected_reference_is_a_cached_row(tiny_bert, run_cli, tmp_path, cache_on):
+    """A reference not selected joins the leaderboard, is cached, and serves from its rows."""
     first, _ = run(run_cli, tmp_path, tiny_bert, "counted", name="first.json")
-    assert first["cache"]["reference"] and "saliency" not in first["methods"]
+    reference = first["methods"]["saliency"]
+    assert reference["added_as_reference"] and not reference["added_as_floor"]
+    assert first["cache"]["reference"] == first["cache"]["methods"]["saliency"]
+    # Scored against itself: a perfect rank correlation on every example.
+    assert all(v == 1.0 for v in reference["per_example"]["spearman"]["aggregated"][0])
     second, _ = run(run_cli, tmp_path, tiny_bert, "counted,counted-too", name="second.json")
+    assert second["cache"]["hits"]["saliency"] == 8
     fresh, _ = run(run_cli, tmp_path, tiny_bert, "counted-too", "--no-cache", name="fresh.json")
     assert (
         second["methods"]["counted-too"]["per_example"]
@@ -294,3 +299,24 @@ def test_an_interrupted_run_resumes_and_loses_nothing(tiny_bert, run_cli, tmp_pa
     for spec in ("counted", "attention", "random"):
         assert resumed["methods"][spec]["scores"] == fresh["methods"][spec]["scores"]
         assert resumed["methods"][spec]["per_example"] == fresh["methods"][spec]["per_example"]
+
+
+def test_a_larger_limit_reuses_every_example_a_smaller_one_computed(
+    tiny_bert, run_cli, tmp_path, cache_on
+):
+    """Reuse is per example: batching by length mixes old and new examples, and must not matter."""
+    small = tmp_path / "small.json"
+    code, _, err = run_cli(
+        "run", "--model", tiny_bert, "--limit", "4", "--attributors", "counted",
+        "--plugin", COUNTING, *QUIET, "--output", small,
+    )  # fmt: skip
+    assert code == 0, err
+    cache_on.unlink()
+    larger, _ = run(run_cli, tmp_path, tiny_bert, "counted", name="larger.json")
+    first_four = json.loads(small.read_text())["example_ids"]
+    new = [i for i in larger["example_ids"] if i not in first_four]
+    assert len(new) == 4
+    assert sorted(computed(cache_on)) == sorted(("counted", i) for i in new)
+    assert larger["cache"]["hits"]["counted"] == 4
+    fresh, _ = run(run_cli, tmp_path, tiny_bert, "counted", "--no-cache", name="fresh.json")
+    assert larger["methods"]["counted"]["per_example"] == fresh["methods"]["counted"]["per_example"]

@@ -1,23 +1,33 @@
 """attrib-bench: benchmark token-attribution methods for transformer classifiers.
 
-The public API: everything a plugin or a Python user needs is importable from here.
+The public API: everything a plugin or a Python user needs is importable from here. The names
+are resolved on first use (PEP 562), so ``attrib-bench --help`` and usage errors answer without
+importing torch and transformers.
 """
 
-from attrib_bench.base import Configurable
-from attrib_bench.errors import ExitCode, UsageError
-from attrib_bench.hookspecs import hookimpl
-from attrib_bench.interfaces import (
-    KINDS,
-    Attribution,
-    Attributor,
-    Batch,
-    EvalContext,
-    Evaluator,
-    Example,
-)
-from attrib_bench.model.trace import TRACE_FIELDS, Trace
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    "Configurable": "attrib_bench.base",
+    "ExitCode": "attrib_bench.errors",
+    "UsageError": "attrib_bench.errors",
+    "hookimpl": "attrib_bench.hookspecs",
+    "KINDS": "attrib_bench.interfaces",
+    "Attribution": "attrib_bench.interfaces",
+    "Attributor": "attrib_bench.interfaces",
+    "Batch": "attrib_bench.interfaces",
+    "EvalContext": "attrib_bench.interfaces",
+    "Evaluator": "attrib_bench.interfaces",
+    "Example": "attrib_bench.interfaces",
+    "TRACE_FIELDS": "attrib_bench.model.trace",
+    "Trace": "attrib_bench.model.trace",
+}
 
 __all__ = [
     "KINDS",
@@ -35,3 +45,26 @@ __all__ = [
     "__version__",
     "hookimpl",
 ]
+
+if TYPE_CHECKING:
+    from attrib_bench.base import Configurable
+    from attrib_bench.errors import ExitCode, UsageError
+    from attrib_bench.hookspecs import hookimpl
+    from attrib_bench.interfaces import (
+        KINDS,
+        Attribution,
+        Attributor,
+        Batch,
+        EvalContext,
+        Evaluator,
+        Example,
+    )
+    from attrib_bench.model.trace import TRACE_FIELDS, Trace
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'attrib_bench' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

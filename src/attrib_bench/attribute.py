@@ -1,20 +1,19 @@
-"""``attrib-bench attribute``: attributions as JSONL, one record per (example, method)."""
+"""``attrib-bench attribute``: attributions as JSONL, one record per (example, method).
+
+Batches run in length order (less padding); records are written in dataset order, through a
+spool file indexed by example, so memory stays bounded by one batch.
+"""
 
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import torch
 
 from attrib_bench.plugins import Spec
-from attrib_bench.run import MethodState, RunConfig, attribution_stream, prepare
-
-
-def _rows(rows_BLN: torch.Tensor | None, row: int, length: int) -> list[list[float]] | None:
-    if rows_BLN is None:
-        return None
-    return rows_BLN[row, :, :length].detach().cpu().tolist()
+from attrib_bench.run import MethodState, Prepared, RunConfig, attribution_stream, prepare
 
 
 def write_attributions(config: RunConfig, output: Path, quiet: bool = False) -> bool:
@@ -26,8 +25,8 @@ def write_attributions(config: RunConfig, output: Path, quiet: bool = False) -> 
     torch.manual_seed(config.seed)
     prepared = prepare(config, quiet)
     registry = prepared.registry
-    specs = [Spec.parse(s) for s in (config.attributors or registry.defaults("attributors"))]
-    methods = [MethodState(str(s), registry.attributor(s)) for s in specs]
+    specs = [str(Spec.parse(s)) for s in (config.attributors or registry.defaults("attributors"))]
+    methods = [MethodState(spec, registry.attributor(spec)) for spec in specs]
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(output.name + ".tmp")
     try:
@@ -39,8 +38,11 @@ def write_attributions(config: RunConfig, output: Path, quiet: bool = False) -> 
     return not any(m.error for m in methods)
 
 
-def _write(prepared, methods: list[MethodState], seed: int, temporary: Path, quiet: bool) -> None:
-    with temporary.open("w") as handle:
+def _write(
+    prepared: Prepared, methods: list[MethodState], seed: int, temporary: Path, quiet: bool
+) -> None:
+    spans: dict[str, list[tuple[int, int]]] = {}  # example id -> (offset, size) of its records
+    with tempfile.TemporaryFile("w+b") as spool:
         for trace, results in attribution_stream(prepared, methods, seed, quiet=quiet):
             batch = trace.batch
             for row, (example, length) in enumerate(
@@ -51,10 +53,18 @@ def _write(prepared, methods: list[MethodState], seed: int, temporary: Path, qui
                         "id": example.id,
                         "tokens": batch.tokens[row],
                         "method": spec,
-                        "aggregated": _rows(attribution.aggregated_BLN, row, length),
-                        "local": _rows(attribution.local_BLN, row, length),
+                        "aggregated": attribution.example_rows("aggregated", row, length),
+                        "local": attribution.example_rows("local", row, length),
                     }
-                    handle.write(json.dumps(record) + "\n")
-        for method in methods:
-            if method.error:
-                handle.write(json.dumps({"method": method.spec, "error": method.error}) + "\n")
+                    line = (json.dumps(record) + "\n").encode()
+                    spans.setdefault(example.id, []).append((spool.tell(), len(line)))
+                    spool.write(line)
+        with temporary.open("wb") as handle:
+            for example in prepared.data.examples:
+                for offset, size in spans.get(example.id, []):
+                    spool.seek(offset)
+                    handle.write(spool.read(size))
+            for method in methods:
+                if method.error:
+                    line = json.dumps({"method": method.spec, "error": method.error}) + "\n"
+                    handle.write(line.encode())

@@ -238,20 +238,12 @@ def _nan_list(values: Any) -> list:
     return [None if v is None or np.isnan(v) else float(v) for v in np.asarray(values, float)]
 
 
-def _rows(rows_BLN: torch.Tensor | None, row: int, length: int) -> list | None:
-    if rows_BLN is None:
-        return None
-    return rows_BLN[row, :, :length].detach().cpu().tolist()
-
-
 @dataclass
 class ResultCache:
     """The cache as one run sees it: keys for its methods and evaluators, hits counted."""
 
     prepared: Prepared
     methods: list[MethodState]
-    #: Methods computed only to serve as the reference (their rows are cached, no scores).
-    helpers: list[MethodState]
     evaluators: dict[str, Any]
     reference: str
     seed: int
@@ -266,7 +258,7 @@ class ResultCache:
         registry = self.prepared.registry
         shared = run_identity(self.prepared, self.seed)
         self._identities: dict[str, dict[str, Any]] = {}
-        for method in self.methods + self.helpers:
+        for method in self.methods:
             source = registry.attributors[Spec.parse(method.spec).name].source
             identity = {**shared, "method": code_identity(method.attributor, method.spec, source)}
             self._identities[method.spec] = identity
@@ -285,45 +277,68 @@ class ResultCache:
     def _path(self, spec: str, key: str) -> Path:
         return results_root() / self.method_keys[spec] / f"{key}.json"
 
-    def restore(self, batch: Batch) -> set[str]:
-        """Load the batch's entries; fill in methods cached for every example and every evaluator.
+    def _complete(self, spec: str, key: str) -> dict[str, Any] | None:
+        """The example's entry when it holds the rows and every evaluator's scores, else None."""
+        entry = self._load(spec, key)
+        if entry is None or not all(k in entry["scores"] for k in self.evaluator_keys.values()):
+            return None
+        return entry
 
-        Returns the specs not to run on this batch: those, and the helper reference when nothing
-        left to compute needs it. Called before the batch is traced.
-        """
-        self._entries = {}
+    def _fill(self, method: MethodState, example_id: str, entry: dict[str, Any]) -> None:
+        """Take one example's scores, seconds and memory for ``method`` from its entry."""
+        for name, key in self.evaluator_keys.items():
+            table = method.scores.setdefault(name, {})
+            for kind, values in entry["scores"][key].items():
+                table.setdefault(kind, {})[example_id] = np.array(
+                    [np.nan if v is None else v for v in values], dtype=float
+                )
+        method.seconds += entry["seconds"]
+        method.peak_memory_mb = max(method.peak_memory_mb, entry["peak_memory_mb"])
+        method.examples += 1
+        self._seconds_seen[method.spec] = method.seconds
+        self.hits[method.spec] += 1
+
+    def _index(self, batch: Batch) -> list[str]:
         keys = [example_key(batch, row) for row in range(len(batch.examples))]
         for example, key in zip(batch.examples, keys, strict=True):
             self.example_keys[example.id] = key
+        return keys
+
+    def restore_complete(self, batches: Sequence[Batch]) -> set[str]:
+        """Fill in every example that every method has complete on disk; return their ids.
+
+        Called once before batching the work: those examples need no forward pass at all, so a
+        run over a superset of an earlier run's examples reuses them whatever the batching.
+        """
+        restored: set[str] = set()
+        for batch in batches:
+            for example, key in zip(batch.examples, self._index(batch), strict=True):
+                entries = [self._complete(m.spec, key) for m in self.methods]
+                if any(entry is None for entry in entries):
+                    continue
+                for method, entry in zip(self.methods, entries, strict=True):
+                    self._fill(method, example.id, entry)
+                restored.add(example.id)
+            self._entries = {}
+        return restored
+
+    def restore(self, batch: Batch) -> set[str]:
+        """Load the batch's entries; fill in methods cached for every example and evaluator.
+
+        Returns the specs not to run on this batch. Called before the batch is traced.
+        """
+        self._entries = {}
+        keys = self._index(batch)
         done: set[str] = set()
-        helpers = {m.spec for m in self.helpers}
-        for method in self.methods + self.helpers:
+        for method in self.methods:
             if method.error is not None:
                 continue
-            entries = [self._load(method.spec, key) for key in keys]
+            entries = [self._complete(method.spec, key) for key in keys]
             if any(entry is None for entry in entries):
                 continue
-            if method.spec in helpers:
-                done.add(method.spec)
-                continue
-            wanted = [(name, self.evaluator_keys[name]) for name in self.evaluators]
-            if not all(key in entry["scores"] for entry in entries for _, key in wanted):
-                continue
             for example, entry in zip(batch.examples, entries, strict=True):
-                for name, key in wanted:
-                    table = method.scores.setdefault(name, {})
-                    for kind, values in entry["scores"][key].items():
-                        table.setdefault(kind, {})[example.id] = np.array(
-                            [np.nan if v is None else v for v in values], dtype=float
-                        )
-                method.seconds += entry["seconds"]
-                method.peak_memory_mb = max(method.peak_memory_mb, entry["peak_memory_mb"])
-            method.examples += len(batch.examples)
-            self._seconds_seen[method.spec] = method.seconds
-            self.hits[method.spec] += len(batch.examples)
+                self._fill(method, example.id, entry)
             done.add(method.spec)
-        if all(m.spec in done or m.error is not None for m in self.methods):
-            done.update(m.spec for m in self.helpers)
         return done
 
     def _load(self, spec: str, key: str) -> dict[str, Any] | None:
@@ -359,7 +374,7 @@ class ResultCache:
 
         Scores of evaluators already cached in an older entry for this example are kept.
         """
-        states = {m.spec: m for m in self.methods + self.helpers}
+        states = {m.spec: m for m in self.methods}
         for spec, attribution in results.items():
             method = states[spec]
             seconds = method.seconds - self._seconds_seen.get(spec, 0.0)
@@ -382,7 +397,7 @@ class ResultCache:
                     "id": example.id,
                     "tokens": batch.tokens[row],
                     "dtype": str(attribution.aggregated_BLN.dtype).removeprefix("torch."),
-                    "rows": {kind: _rows(attribution.rows(kind), row, length) for kind in KINDS},
+                    "rows": {kind: attribution.example_rows(kind, row, length) for kind in KINDS},
                     "seconds": seconds / len(batch.examples),
                     "peak_memory_mb": method.peak_memory_mb,
                     "scores": scores,

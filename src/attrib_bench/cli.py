@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,7 +22,14 @@ from attrib_bench.errors import ExitCode, UsageError
 
 
 def _csv(value: str) -> list[str]:
-    return [item.strip() for item in _split_specs(value) if item.strip()]
+    """Specs from a comma-separated flag; an empty value is an error, never "run everything"."""
+    specs = [item.strip() for item in _split_specs(value) if item.strip()]
+    if not specs:
+        raise argparse.ArgumentTypeError(
+            f"expected one or more comma-separated specs, got {value!r} (leave the flag out to "
+            "run the defaults)"
+        )
+    return specs
 
 
 def _split_specs(value: str) -> list[str]:
@@ -351,9 +359,8 @@ COMMANDS = {
 }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    args = build_parser().parse_args(argv)
+def _quiet_libraries() -> None:
+    """Silence transformers' and datasets' logs and bars; imported only by commands using them."""
     import datasets
     import transformers
 
@@ -361,9 +368,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     transformers.utils.logging.disable_progress_bar()
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
+
+
+#: Commands that load models or data (the others read JSON or the plugin registry only).
+HEAVY_COMMANDS = frozenset({"run", "attribute", "finetune", "identifiability"})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = build_parser().parse_args(argv)
     # Wide tables in logs and pipes; a terminal keeps its own width.
     out = Console() if sys.stdout.isatty() else Console(width=160)
     try:
+        if args.command in HEAVY_COMMANDS:
+            _quiet_libraries()
         return int(COMMANDS[args.command](args, out))
     except UsageError as error:
         stderr.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
@@ -372,6 +390,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Finished batches are in the cache already: the same command resumes from there.
         stderr.print("interrupted; rerun the same command to resume from the cache")
         return int(ExitCode.INTERRUPTED)
+    except Exception as error:  # a bug, not a verdict: CI must tell it from a regression (1)
+        stderr.print(traceback.format_exc(), highlight=False, markup=False)
+        stderr.print(
+            f"[bold red]internal error:[/] {escape(f'{type(error).__name__}: {error}')} "
+            f"(exit {int(ExitCode.INTERNAL_ERROR)}; a bug in attrib-bench or a plugin, please "
+            "report it with the traceback above)",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return int(ExitCode.INTERNAL_ERROR)
 
 
 def entry() -> None:

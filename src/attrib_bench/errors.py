@@ -17,6 +17,8 @@ class ExitCode(IntEnum):
     USAGE_ERROR = 2
     #: The run finished, but at least one method or evaluator failed (see its ``error``).
     PARTIAL = 3
+    #: A bug in attrib-bench or a plugin (an unexpected exception): never a verdict on scores.
+    INTERNAL_ERROR = 4
     #: Interrupted (Ctrl-C): batches already finished are cached, rerunning resumes (128 + 2).
     INTERRUPTED = 130
 

@@ -75,6 +75,10 @@ class Batch:
         )
 
 
+#: Keys an evaluator returns: per-example scores, one array (L, B) per attribution kind.
+KINDS = ("aggregated", "local")
+
+
 @dataclass
 class Attribution:
     """Scores of the classification token's row over all tokens, for every layer.
@@ -90,9 +94,41 @@ class Attribution:
     def rows(self, kind: str) -> torch.Tensor | None:
         return self.aggregated_BLN if kind == "aggregated" else self.local_BLN
 
+    def example_rows(self, kind: str, row: int, length: int) -> list[list[float]] | None:
+        """Example ``row``'s rows of ``kind`` over its ``length`` real tokens, as JSON lists."""
+        rows_BLN = self.rows(kind)
+        return None if rows_BLN is None else rows_BLN[row, :, :length].detach().cpu().tolist()
 
-#: Keys an evaluator returns: per-example scores, one array (L, B) per attribution kind.
-KINDS = ("aggregated", "local")
+    def problem(self, batch: Batch) -> str | None:
+        """What makes this attribution unusable for ``batch`` (one line), or None when it fits.
+
+        The runner checks every attribution it receives, so a plugin's mistake fails that
+        plugin with this line instead of crashing the cache, the evaluators or the report.
+        """
+        B, N = batch.input_ids_BN.shape
+        real_BN = batch.attention_mask_BN.bool()
+        for kind in KINDS:
+            rows = self.rows(kind)
+            if rows is None:
+                if kind == "aggregated":
+                    return "aggregated_BLN is None"
+                continue
+            name = f"{kind}_BLN"
+            if not isinstance(rows, torch.Tensor):
+                return f"{name} is a {type(rows).__name__}, not a torch.Tensor"
+            if rows.dim() != 3 or rows.shape[0] != B or rows.shape[2] != N or rows.shape[1] < 1:
+                return (
+                    f"{name} has shape {tuple(rows.shape)}; expected (B={B}, L or 1, N={N}) "
+                    "for this batch"
+                )
+            if not rows.is_floating_point():
+                return f"{name} has dtype {rows.dtype}; expected a floating-point tensor"
+            real_BLN = real_BN[:, None, :].expand_as(rows).to(rows.device)
+            if not torch.isfinite(rows[real_BLN]).all():
+                return f"{name} holds NaN or infinite values at real tokens"
+            if rows[~real_BLN].count_nonzero():
+                return f"{name} is not zero at padded positions"
+        return None
 
 
 @runtime_checkable

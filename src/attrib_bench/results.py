@@ -68,13 +68,20 @@ def build_result(
             "peak_memory_mb": (
                 round(method.peak_memory_mb, 2) if method.examples and not method.error else None
             ),
-            "added_as_floor": method.added,
+            "added_as_floor": method.added_as == "floor",
+            "added_as_reference": method.added_as == "reference",
+            "evaluators": {},
             "scores": {},
             "per_example": {},
         }
         if not method.error:
-            for evaluator in evaluator_errors:
-                method.scores.pop(evaluator, None)
+            for evaluator in evaluators:
+                if evaluator in evaluator_errors:
+                    method.scores.pop(evaluator, None)
+                    continue
+                doc["evaluators"][evaluator] = _pair_status(method, evaluator)
+                if evaluator in method.evaluator_errors:
+                    method.scores.pop(evaluator, None)
             doc["scores"], doc["per_example"] = summarize_scores(method, example_ids, config.seed)
         method_docs[method.spec] = doc
     data = prepared.data
@@ -103,6 +110,7 @@ def build_result(
                 "truncated": prepared.truncated,
                 "max_length": prepared.max_length,
                 "rationale_words_lost": rationale_words_lost(prepared.batches),
+                "contentless": len(prepared.contentless),
             },
             "seed": config.seed,
             "hardware": hardware(prepared.loaded.device),
@@ -129,6 +137,15 @@ def build_result(
     }
 
 
+def _pair_status(method: MethodState, evaluator: str) -> dict[str, Any]:
+    """One (method, evaluator) pair: ok, failed (its error), or undefined on every example."""
+    if evaluator in method.evaluator_errors:
+        return {"status": "failed", "error": method.evaluator_errors[evaluator]}
+    if method.undefined(evaluator):
+        return {"status": "undefined", "error": "NaN on every example"}
+    return {"status": "ok", "error": None}
+
+
 def _clean(value: Any) -> Any:
     """NaN is not JSON: write null instead."""
     if isinstance(value, float) and math.isnan(value):
@@ -149,9 +166,12 @@ def write_json(document: dict[str, Any], path: Path) -> None:
 
 
 def exit_status(document: dict[str, Any]) -> bool:
-    """True when every method and evaluator completed."""
-    return all(m["status"] == "ok" for m in document["methods"].values()) and all(
-        e["status"] == "ok" for e in document["evaluators"].values()
+    """True when every method, evaluator and (method, evaluator) pair completed with scores."""
+    methods = document["methods"].values()
+    return (
+        all(m["status"] == "ok" for m in methods)
+        and all(e["status"] == "ok" for e in document["evaluators"].values())
+        and all(p["status"] == "ok" for m in methods for p in m.get("evaluators", {}).values())
     )
 
 
@@ -168,6 +188,25 @@ def _ci(entry: dict[str, Any] | None) -> str:
     return f"[{low:+.2f},{high:+.2f}]"
 
 
+def _added_caption(document: dict[str, Any]) -> str:
+    """Which rows were not selected: the reference and the random floor join every table."""
+    notes = []
+    for key, role in (("added_as_reference", "the reference"), ("added_as_floor", "the floor")):
+        added = [spec for spec, m in document["methods"].items() if m.get(key)]
+        if added:
+            notes.append(f"{', '.join(added)}: added as {role}")
+    return "; ".join(notes)
+
+
+def _status(method: dict[str, Any], evaluator: str) -> str:
+    if method["status"] != "ok":
+        return f"failed: {method['error']}"
+    pair = method.get("evaluators", {}).get(evaluator, {"status": "ok"})
+    if pair["status"] == "failed":
+        return f"{evaluator} failed: {pair['error']}"
+    return pair["status"]
+
+
 def leaderboard(document: dict[str, Any], evaluator: str, kind: str = "aggregated") -> Table:
     """Rows = methods, best last-layer score first; best layer and last layer with 95% CI.
 
@@ -179,12 +218,11 @@ def leaderboard(document: dict[str, Any], evaluator: str, kind: str = "aggregate
     higher_is_better = info.get("higher_is_better", True)
     versus = f" vs {document['reference']}" if info.get("needs_reference", True) else ""
     direction = "" if higher_is_better else ", lower is better"
-    added = [spec for spec, m in document["methods"].items() if m.get("added_as_floor")]
     table = Table(
         title=f"{evaluator}{versus} ({kind}{direction}) — {model['name']} on "
         f"{Path(dataset['name']).name}/{dataset['split']} (n={dataset['examples']})",
         title_justify="left",
-        caption=f"{', '.join(added)}: added as the floor" if added else None,
+        caption=_added_caption(document) or None,
         caption_justify="left",
     )
     table.add_column("method", style="bold", no_wrap=True)
@@ -204,7 +242,7 @@ def leaderboard(document: dict[str, Any], evaluator: str, kind: str = "aggregate
     for spec, method in sorted(document["methods"].items(), key=last_mean, reverse=True):
         layers = method["scores"].get(evaluator, {}).get(kind)
         seconds = method["seconds_per_example"]
-        status = method["status"] if method["status"] == "ok" else f"failed: {method['error']}"
+        status = _status(method, evaluator)
         row = ["-", "-", "-"]
         if layers:
             scored = [x for x in layers if x["mean"] is not None and not math.isnan(x["mean"])]
@@ -218,6 +256,6 @@ def leaderboard(document: dict[str, Any], evaluator: str, kind: str = "aggregate
             f"{seconds:.4f}" if seconds is not None else "-",
             f"{memory:.1f}" if memory is not None else "-",
             status,
-            style=None if method["status"] == "ok" else "red",
+            style=None if status == "ok" else "red",
         )
     return table

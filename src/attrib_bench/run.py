@@ -6,6 +6,7 @@ kept per example (keyed by example id) and summarised per layer at the end.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -15,7 +16,7 @@ import numpy as np
 import torch
 
 from attrib_bench import console
-from attrib_bench.data.batches import make_batches
+from attrib_bench.data.batches import contentless_ids, make_batches
 from attrib_bench.data.load import LoadedData, load_examples
 from attrib_bench.data.rationales import rationale_words_lost
 from attrib_bench.errors import UsageError, unknown_choice
@@ -57,7 +58,7 @@ class RunConfig:
 
 @dataclass
 class MethodState:
-    """Running state of one method: timing, per-example scores, failure."""
+    """Running state of one method: timing, per-example scores, failures."""
 
     spec: str
     attributor: Any
@@ -65,11 +66,23 @@ class MethodState:
     examples: int = 0
     #: Largest standalone memory of one batch (see attrib_bench.memory.standalone_megabytes).
     peak_memory_mb: float = 0.0
-    #: Not selected by the user: added as the leaderboard's floor.
-    added: bool = False
+    #: Why the method is on the leaderboard without being selected: "floor" or "reference".
+    added_as: str | None = None
     error: str | None = None
+    #: evaluator -> its error on this method alone (the evaluator still scores the others)
+    evaluator_errors: dict[str, str] = field(default_factory=dict)
     #: evaluator -> kind -> example id -> scores over layers
     scores: dict[str, dict[str, dict[str, np.ndarray]]] = field(default_factory=dict)
+
+    def fail(self, error: str) -> None:
+        self.error = error
+        console.warn(f"{self.spec} failed and is dropped: {error}")
+
+    def undefined(self, evaluator: str) -> bool:
+        """True when the evaluator scored no example of this method (all NaN)."""
+        kinds = self.scores.get(evaluator, {})
+        values = [v for by_id in kinds.values() for v in by_id.values()]
+        return bool(values) and all(np.isnan(v).all() for v in values)
 
 
 @dataclass
@@ -82,6 +95,8 @@ class Prepared:
     batches: list[Batch]
     truncated: int
     max_length: int
+    #: Ids of examples with no content token (see attrib_bench.data.batches.contentless_ids).
+    contentless: list[str] = field(default_factory=list)
 
 
 def resolve_model(name: str | None, device: str, quiet: bool = False) -> LoadedModel:
@@ -127,7 +142,16 @@ def prepare(config: RunConfig, quiet: bool = False) -> Prepared:
         lost = rationale_words_lost(batches)
         if lost:
             console.warn(f"truncation cut off {lost:.1%} of the rationale words")
-    return Prepared(registry, loaded, data, batches, truncated, max_length)
+    found = set(contentless_ids(batches, loaded.tokenizer.unk_token_id))
+    contentless = [e.id for e in data.examples if e.id in found]  # in dataset order
+    if contentless:
+        shown = ", ".join(repr(i) for i in contentless[:5])
+        console.warn(
+            f"{len(contentless)} of {len(data.examples)} inputs have no content token (empty, "
+            f"whitespace-only, or only unknown tokens such as emoji): {shown}; they are scored "
+            "and counted in provenance.dataset.contentless, but their scores rank special tokens"
+        )
+    return Prepared(registry, loaded, data, batches, truncated, max_length, contentless)
 
 
 def attribution_stream(
@@ -144,15 +168,18 @@ def attribution_stream(
     every shared intermediate it read (whichever method computed it first); its peak memory is
     counted the same way (attrib_bench.memory.standalone_megabytes). ``skip(batch)`` names
     methods whose results for the batch are known already (the cache, which fills them in):
-    they do not run, and a batch with nothing left to run is not traced at all.
+    they do not run, and a batch with nothing left to run is not traced at all. Every
+    attribution is checked against its batch (``Attribution.problem``) before it is yielded.
+    The progress bar counts (example, method) pairs, so it moves within a batch too.
     """
+    examples = sum(len(batch.examples) for batch in prepared.batches)
     with console.progress(disable=quiet) as bar:
-        task = bar.add_task(description, total=len(prepared.data.examples))
+        task = bar.add_task(description, total=examples * len(methods))
         for batch in prepared.batches:
             known = skip(batch) if skip is not None else set()
-            todo = [m for m in methods if m.spec not in known]
-            if known and not todo:
-                bar.advance(task, len(batch.examples))
+            todo = [m for m in methods if m.spec not in known and m.error is None]
+            bar.advance(task, len(batch.examples) * (len(methods) - len(todo)))
+            if not todo:
                 continue
             requires = set().union(*(m.attributor.requires for m in todo))
             batch = batch.to(prepared.loaded.device)
@@ -161,44 +188,89 @@ def attribution_stream(
             trace_seconds = time.perf_counter() - start
             results: dict[str, Attribution] = {}
             for method in todo:
-                if method.error is not None:
-                    continue
-                computed_before = set(trace.memo_seconds)
-                trace.accessed = set()
-                start = time.perf_counter()
-                try:
-                    with PeakMemory(prepared.loaded.device) as peak:
-                        results[method.spec] = method.attributor.attribute(trace)
-                except UsageError:
-                    raise
-                except Exception as error:  # one method failing must not sink the run
-                    method.error = f"{type(error).__name__}: {error}"
-                    console.warn(f"{method.spec} failed and is dropped: {method.error}")
-                    continue
-                elapsed = time.perf_counter() - start
-                method.seconds += trace.standalone_seconds(elapsed, computed_before) + trace_seconds
-                method.examples += len(batch.examples)
-                memory = standalone_megabytes(
-                    trace, method.attributor.requires, peak.megabytes, computed_before
-                )
-                method.peak_memory_mb = max(method.peak_memory_mb, memory)
+                _attribute(method, trace, trace_seconds, results)
+                bar.advance(task, len(batch.examples))
             yield trace, results
-            bar.advance(task, len(batch.examples))
 
 
-def _store(method: MethodState, evaluator: str, scores: dict, batch: Batch) -> None:
+def _attribute(
+    method: MethodState, trace: Trace, trace_seconds: float, results: dict[str, Attribution]
+) -> None:
+    """Run one method on a trace into ``results``; a failure or a bad result fails the method."""
+    computed_before = set(trace.memo_seconds)
+    trace.accessed = set()
+    start = time.perf_counter()
+    try:
+        with PeakMemory(trace.loaded.device) as peak:
+            attribution = method.attributor.attribute(trace)
+    except UsageError:
+        raise
+    except Exception as error:  # one method failing must not sink the run
+        method.fail(f"{type(error).__name__}: {error}")
+        return
+    elapsed = time.perf_counter() - start
+    problem = (
+        attribution.problem(trace.batch)
+        if isinstance(attribution, Attribution)
+        else f"returned a {type(attribution).__name__}, not an attrib_bench.Attribution"
+    )
+    if problem is not None:
+        method.fail(f"invalid attribution: {problem}")
+        return
+    results[method.spec] = attribution
+    method.seconds += trace.standalone_seconds(elapsed, computed_before) + trace_seconds
+    method.examples += len(trace.batch.examples)
+    memory = standalone_megabytes(
+        trace, method.attributor.requires, peak.megabytes, computed_before
+    )
+    method.peak_memory_mb = max(method.peak_memory_mb, memory)
+
+
+def _store(method: MethodState, evaluator: str, scores: Any, batch: Batch) -> None:
+    """Keep an evaluator's per-example scores; ValueError when they do not fit the batch."""
+    if not isinstance(scores, dict) or not scores or set(scores) - set(KINDS):
+        shown = sorted(map(str, scores)) if isinstance(scores, dict) else type(scores).__name__
+        raise ValueError(f"score() returned {shown}; expected a dict with keys among {KINDS}")
+    checked = {}
+    for kind, values in scores.items():
+        values_LB = np.asarray(values, dtype=float)
+        if values_LB.ndim != 2 or values_LB.shape[1] != len(batch.examples):
+            raise ValueError(
+                f"score() returned {kind} scores of shape {values_LB.shape}; expected "
+                f"(layers, {len(batch.examples)})"
+            )
+        known = method.scores.get(evaluator, {}).get(kind)
+        if known and len(next(iter(known.values()))) != values_LB.shape[0]:
+            raise ValueError(f"score() returned a different number of {kind} layers per batch")
+        checked[kind] = values_LB
     table = method.scores.setdefault(evaluator, {})
-    for kind, values_LB in scores.items():
+    for kind, values_LB in checked.items():
         by_id = table.setdefault(kind, {})
         for column, example in enumerate(batch.examples):
-            by_id[example.id] = np.asarray(values_LB)[:, column]
+            by_id[example.id] = values_LB[:, column]
+
+
+def leaderboard_methods(
+    registry: Registry, attributors: Sequence[str] | None, reference: str
+) -> list[MethodState]:
+    """The selected methods (or the defaults), plus the reference and the floor when absent."""
+    specs = [str(Spec.parse(s)) for s in (attributors or registry.defaults("attributors"))]
+    methods = [MethodState(spec, registry.attributor(spec)) for spec in specs]
+    reference = str(Spec.parse(reference))
+    if reference not in specs:
+        methods.append(MethodState(reference, registry.attributor(reference), added_as="reference"))
+    if FLOOR in registry.attributors and all(Spec.parse(s).name != FLOOR for s in specs):
+        methods.append(MethodState(FLOOR, registry.attributor(FLOOR), added_as="floor"))
+    return methods
 
 
 def run_benchmark(config: RunConfig, quiet: bool = False, cache: bool = True) -> dict[str, Any]:
     """Run every selected attributor and evaluator; return the result document (see results).
 
     With ``cache`` (and no ``ATTRIB_BENCH_NO_CACHE=1``), per-example results found on disk are
-    reused and new ones written after each batch (attrib_bench.cache).
+    reused and new ones written after each batch (attrib_bench.cache). Examples every method
+    has cached are not batched at all; the rest are re-batched, so a larger ``--limit`` reuses
+    the examples a smaller one computed.
     """
     from attrib_bench import cache as result_cache
     from attrib_bench.results import build_result
@@ -206,33 +278,32 @@ def run_benchmark(config: RunConfig, quiet: bool = False, cache: bool = True) ->
     torch.manual_seed(config.seed)
     prepared = prepare(config, quiet)
     registry = prepared.registry
-    specs = [Spec.parse(s) for s in (config.attributors or registry.defaults("attributors"))]
-    methods = [MethodState(str(s), registry.attributor(s)) for s in specs]
-    if FLOOR in registry.attributors and all(s.name != FLOOR for s in specs):
-        methods.append(MethodState(FLOOR, registry.attributor(FLOOR), added=True))
+    methods = leaderboard_methods(registry, config.attributors, config.reference)
     evaluators = {
         str(Spec.parse(s)): registry.evaluator(s)
         for s in (config.evaluators or registry.defaults("evaluators"))
     }
     reference_spec = str(Spec.parse(config.reference))
-    reference_method = next((m for m in methods if m.spec == reference_spec), None)
-    extra = []
-    if reference_method is None and any(e.needs_reference for e in evaluators.values()):
-        reference_method = MethodState(reference_spec, registry.attributor(config.reference))
-        extra = [reference_method]
+    reference_method = next(m for m in methods if m.spec == reference_spec)
     evaluator_errors: dict[str, str] = {}
     store = None
+    batches = prepared.batches
     if result_cache.enabled(cache):
-        store = result_cache.ResultCache(
-            prepared, methods, extra, evaluators, reference_spec, config.seed
-        )
+        store = result_cache.ResultCache(prepared, methods, evaluators, reference_spec, config.seed)
+        restored = store.restore_complete(prepared.batches)
+        if restored:
+            remaining = [e for e in prepared.data.examples if e.id not in restored]
+            tokenizer = prepared.loaded.tokenizer
+            batches = (
+                make_batches(remaining, tokenizer, config.batch_size, prepared.max_length)[0]
+                if remaining
+                else []
+            )
+    stream = dataclasses.replace(prepared, batches=batches)
     skip = store.restore if store is not None else None
-    for trace, results in attribution_stream(
-        prepared, methods + extra, config.seed, quiet=quiet, skip=skip
-    ):
+    for trace, results in attribution_stream(stream, methods, config.seed, quiet=quiet, skip=skip):
         reference = results.get(reference_spec)
-        cached_reference = reference_method is not None and reference_method.error is None
-        if reference is None and store is not None and cached_reference:
+        if reference is None and store is not None and reference_method.error is None:
             reference = store.attribution(reference_spec, trace.batch)  # not run on this batch
         for name, evaluator in evaluators.items():
             if name in evaluator_errors:
@@ -242,23 +313,54 @@ def run_benchmark(config: RunConfig, quiet: bool = False, cache: bool = True) ->
                     reference_method.error
                 )
                 continue
-            for method in methods:
-                if method.spec not in results:
-                    continue
-                context = EvalContext(trace, reference, config.seed, method.attributor)
-                try:
-                    scores = evaluator.score(results[method.spec], context)
-                except Exception as error:
-                    evaluator_errors[name] = f"{type(error).__name__}: {error} (on {method.spec})"
-                    console.warn(f"evaluator {name} failed: {evaluator_errors[name]}")
-                    break
-                _store(method, name, scores, trace.batch)
+            _evaluate(
+                name, evaluator, methods, results, trace, reference, config.seed, evaluator_errors
+            )
         if store is not None:
             store.save(trace.batch, results)
+    for method in methods:
+        for name in evaluators:
+            if name not in evaluator_errors and method.error is None and method.undefined(name):
+                console.warn(
+                    f"{method.spec}: {name} is undefined (NaN) on every example; "
+                    "the method is marked 'undefined' and the run is partial"
+                )
     document = build_result(config, prepared, methods, evaluators, evaluator_errors)
     if store is not None:
         document["cache"] = store.describe()
     return document
+
+
+def _evaluate(
+    name: str,
+    evaluator: Any,
+    methods: Sequence[MethodState],
+    results: dict[str, Attribution],
+    trace: Trace,
+    reference: Attribution | None,
+    seed: int,
+    evaluator_errors: dict[str, str],
+) -> None:
+    """Score every method attributed on this batch; a failure fails that (method, evaluator).
+
+    A UsageError says the evaluator's settings cannot work (no mask token, say): it fails the
+    evaluator for every method.
+    """
+    for method in methods:
+        if method.spec not in results or name in method.evaluator_errors:
+            continue
+        context = EvalContext(trace, reference, seed, method.attributor)
+        try:
+            _store(method, name, evaluator.score(results[method.spec], context), trace.batch)
+        except UsageError as error:
+            evaluator_errors[name] = str(error)
+            console.warn(f"evaluator {name} failed: {error}")
+            return
+        except Exception as error:  # one method's scores failing must not drop the others'
+            method.evaluator_errors[name] = f"{type(error).__name__}: {error}"
+            console.warn(
+                f"evaluator {name} failed on {method.spec}: {method.evaluator_errors[name]}"
+            )
 
 
 def summarize_scores(method: MethodState, example_ids: list[str], seed: int) -> tuple[dict, dict]:

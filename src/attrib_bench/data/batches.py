@@ -67,3 +67,20 @@ def make_batches(
             )
         )
     return batches, truncated
+
+
+def contentless_ids(batches: Sequence[Batch], unk_token_id: int | None) -> list[str]:
+    """Ids of examples with nothing to attribute: whitespace-only texts, or texts whose every
+    token is special or unknown (emoji-only under a WordPiece vocabulary).
+
+    They are still scored, but their scores rank [CLS], [SEP] and [UNK] only, so the run warns.
+    """
+    found = []
+    for batch in batches:
+        content_BN = batch.attention_mask_BN.bool() & ~batch.special_tokens_mask_BN.bool()
+        if unk_token_id is not None:
+            content_BN &= batch.input_ids_BN != unk_token_id
+        for example, has_content in zip(batch.examples, content_BN.any(dim=1), strict=True):
+            if not has_content or not (example.text + (example.text_pair or "")).strip():
+                found.append(example.id)
+    return found

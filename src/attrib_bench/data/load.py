@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,6 +152,20 @@ def _default(split: str | None, limit: int | None) -> LoadedData:
     return LoadedData(examples, DEFAULT_DATASET, chosen, digest, "sentence", None, "label")
 
 
+def _unique_ids(examples: list[Example], name: str, split: str, source: str) -> None:
+    """Refuse duplicate ids: scores, cache entries and the gate are all keyed by example id."""
+    counts = Counter(e.id for e in examples)
+    duplicates = [example_id for example_id, n in counts.items() if n > 1]
+    if duplicates:
+        shown = ", ".join(f"{d!r} ({counts[d]}x)" for d in duplicates[:5])
+        more = f" and {len(duplicates) - 5} more" if len(duplicates) > 5 else ""
+        raise UsageError(
+            f"dataset {name!r} split {split!r} has {len(duplicates)} duplicate example ids: "
+            f"{shown}{more}; ids come from {source}, and every result is keyed by id, so make "
+            "them unique (or remove the id column to number the rows)"
+        )
+
+
 def load_examples(
     name: str | None = None,
     split: str | None = None,
@@ -164,10 +179,11 @@ def load_examples(
         raise UsageError(f"--limit must be at least 1, got {limit}")
     name = name or DEFAULT_DATASET
     if name == DEFAULT_DATASET:
-        data = _default(split, limit)
+        data, id_source = _default(split, limit), "the generator"
     elif is_eraser_folder(Path(name).expanduser()):  # documents + evidence spans (ERASER)
         examples, chosen, fingerprint = load_eraser(Path(name).expanduser(), split, limit)
         data = LoadedData(examples, name, chosen, fingerprint, "document", None, "classification")
+        id_source = "the annotation ids"
     else:
         path = Path(name).expanduser()
         dataset, chosen = _load_local(path, split) if path.exists() else _load_hub(name, split)
@@ -176,6 +192,7 @@ def load_examples(
         )
         id_column = next((c for c in ("idx", "id") if c in dataset.column_names), None)
         rows = dataset if limit is None else dataset.select(range(min(limit, len(dataset))))
+        id_source = f"the {id_column!r} column" if id_column else "the row numbers"
         examples = []
         for index, row in enumerate(rows):
             gold = _label(row[label], label, name) if label else None
@@ -192,4 +209,5 @@ def load_examples(
         data = LoadedData(examples, name, chosen, fingerprint, text, pair, label)
     if not data.examples:
         raise UsageError(f"dataset {name!r} split {data.split!r} has no examples")
+    _unique_ids(data.examples, name, data.split, id_source)
     return data

@@ -9,14 +9,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from attrib_bench.errors import UsageError
 from attrib_bench.interfaces import Batch
 from attrib_bench.model.architectures import EncoderAdapter
-from attrib_bench.model.load import LoadedModel
+
+if TYPE_CHECKING:  # model.load imports transformers: not needed to read a trace's type
+    from attrib_bench.model.load import LoadedModel
 
 #: What a trace can hold; an attributor's ``requires`` is a subset of these.
 TRACE_FIELDS = frozenset({"attentions", "hidden_states", "values", "pre_layernorm"})
