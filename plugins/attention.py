@@ -35,14 +35,20 @@ class RawAttention(Configurable):
             raise UsageError(f"{self.name}:residual must be in [0, 1), got {self.params}")
 
     def layer_matrices(self, trace: Trace) -> list[torch.Tensor]:
-        """M^l per layer before the residual, (B, N, N); subclasses change only this."""
+        """M^l per layer before the residual, (B, N, N); subclasses change this."""
         return head_mean_attention(trace)
+
+    def with_residual(
+        self, matrix_BNK: torch.Tensor, mask_BN: torch.Tensor, ratio: float
+    ) -> torch.Tensor:
+        """(1 - r) * normalise_rows(M) + r * I (the spec's fixed residual); W's rows sum to 1."""
+        return fixed_residual(matrix_BNK, mask_BN, ratio)
 
     def attribute(self, trace: Trace) -> Attribution:
         matrices = self.layer_matrices(trace)
         ratio = self.params["residual"]
         if ratio > 0:
-            matrices = [fixed_residual(m, trace.mask_BN, ratio) for m in matrices]
+            matrices = [self.with_residual(m, trace.mask_BN, ratio) for m in matrices]
         return layerwise_attribution(matrices, trace.mask_BN)
 
 

@@ -24,10 +24,15 @@ def normalize_rows(matrix_BNK: torch.Tensor) -> torch.Tensor:
     return matrix_BNK / torch.where(sums == 0, torch.ones_like(sums), sums)
 
 
+def mix_identity(matrix_BNK: torch.Tensor, mask_BN: torch.Tensor, ratio: float) -> torch.Tensor:
+    """(1 - r) * M + r * I on the real tokens, M taken as it is."""
+    eye = torch.diag_embed(mask_BN.to(matrix_BNK.dtype))
+    return (1.0 - ratio) * matrix_BNK + ratio * eye
+
+
 def fixed_residual(matrix_BNK: torch.Tensor, mask_BN: torch.Tensor, ratio: float) -> torch.Tensor:
     """(1 - r) * normalise_rows(M) + r * I on the real tokens (Abnar & Zuidema with r = 0.5)."""
-    eye = torch.diag_embed(mask_BN.to(matrix_BNK.dtype))
-    return (1.0 - ratio) * normalize_rows(matrix_BNK) + ratio * eye
+    return mix_identity(normalize_rows(matrix_BNK), mask_BN, ratio)
 
 
 def rollout(matrices: list[torch.Tensor], mask_BN: torch.Tensor) -> torch.Tensor:
