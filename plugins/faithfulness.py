@@ -6,8 +6,8 @@ with y the class the model predicts on the full input x and p(y | .) its probabi
 - comprehensiveness = p(y | x) - p(y | x minus its top-k% tokens)   (higher: more faithful)
 - sufficiency       = p(y | x) - p(y | only the top-k% tokens)      (lower: more faithful)
 
-each averaged over the bins k of ``ratios`` (AOPC; default 10%, 20%, ..., 90% as in DecompX;
-ERASER's own bins are ``ratios=0.01/0.05/0.1/0.2/0.5``). ``deletion`` and ``insertion`` are the
+each averaged over the bins k of ``ratios`` (AOPC; default 10%, 20%, ..., 90%; ERASER's own
+bins are ``ratios=0.01/0.05/0.1/0.2/0.5``). ``deletion`` and ``insertion`` are the
 same two erasures read as curves over ``ratios`` (default 0%, 10%, ..., 100%): the area under
 p(y | .) by the trapezoid rule, normalised to the ratio range (deletion: lower is better;
 insertion: higher). ``log-odds`` (Shrikumar et al. 2017) is the drop of the predicted class's
@@ -26,6 +26,9 @@ Conventions, stated because results depend on them:
 - Removal (``removal=``): ``mask`` replaces the token by [MASK] (DecompX; the default), ``pad`` by
   [PAD] (with attention kept: the [PAD] embedding as a baseline), ``zero`` sets the token's
   embedding output to the zero vector, ``delete`` drops the token and re-packs the sequence.
+  The first three keep every token where it was: they pass the unmodified input's position ids,
+  since RoBERTa-family models would otherwise renumber the tokens after a [PAD]. ``delete`` is a
+  genuine deletion: the model numbers the re-packed sequence itself.
 - Cost: all (ratio, example) variants of a batch run as a few batched forward passes of at most
   ``chunk_tokens`` tokens each. Predictions are cached per batch by the tokens an erasure
   removes, so another bin, evaluator or method erasing the same tokens of an example costs no
@@ -93,7 +96,11 @@ def erasure_mask(
 def erase(
     inputs: dict[str, torch.Tensor], erase_VN: torch.Tensor, removal: str, tokenizer
 ) -> dict[str, torch.Tensor]:
-    """Model inputs with the marked tokens erased (``zero`` is applied by a hook instead)."""
+    """Model inputs with the marked tokens erased (``zero`` is applied by a hook instead).
+
+    Replacements keep the other inputs, ``position_ids`` included; ``delete`` re-packs the
+    sequence and leaves its positions to the model.
+    """
     ids = inputs["input_ids"]
     if removal in ("mask", "pad"):
         token_id = tokenizer.mask_token_id if removal == "mask" else tokenizer.pad_token_id
@@ -198,7 +205,8 @@ class Erasure(Configurable, ABC):
     def _run(self, trace: Trace, erase_RBN: np.ndarray, todo: dict, cache: dict) -> None:
         """Batched passes of at most ``chunk_tokens`` tokens over the variants in ``todo``."""
         batch = trace.batch
-        inputs = batch.model_inputs()
+        positions_BN = trace.adapter.position_ids(batch.input_ids_BN)
+        inputs = {**batch.model_inputs(), "position_ids": positions_BN}
         erase_RBN = torch.as_tensor(erase_RBN, device=batch.input_ids_BN.device)
         variants = list(todo.items())  # (cache key, (ratio, example))
         step = max(1, self.params["chunk_tokens"] // batch.input_ids_BN.shape[1])

@@ -11,16 +11,18 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import torch
-from captum.attr import LayerGradientXActivation, LayerIntegratedGradients
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, Trace, UsageError
 
 
 def _forward(model: torch.nn.Module) -> Callable[..., torch.Tensor]:
-    def forward(input_ids, attention_mask, token_type_ids=None):
+    def forward(input_ids, attention_mask, token_type_ids=None, position_ids=None):
         return model(
-            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
         ).logits
 
     return forward
@@ -67,6 +69,8 @@ class Saliency(_EmbeddingGradient):
     multiply_by_inputs = True
 
     def per_dimension(self, trace: Trace, target: torch.Tensor) -> torch.Tensor:
+        from captum.attr import LayerGradientXActivation  # captum imports matplotlib: 0.6 s
+
         method = LayerGradientXActivation(
             _forward(trace.model),
             trace.adapter.embeddings,
@@ -87,7 +91,9 @@ class IntegratedGradients(_EmbeddingGradient):
     """Captum LayerIntegratedGradients on the embedding module, [PAD] baseline.
 
     The baseline keeps the special tokens and replaces every other token by [PAD], so the path
-    runs from a content-free input of the same length to the real one.
+    runs from a content-free input of the same length to the real one. Captum embeds the
+    baseline by running the model on its token ids, so both runs get the real input's position
+    ids: RoBERTa-family models would otherwise renumber the baseline's tokens around its [PAD]s.
     """
 
     name = "integrated-gradients"
@@ -106,12 +112,17 @@ class IntegratedGradients(_EmbeddingGradient):
             batch.input_ids_BN,
             torch.full_like(batch.input_ids_BN, pad_id),
         )
+        from captum.attr import LayerIntegratedGradients
+
         method = LayerIntegratedGradients(_forward(trace.model), trace.adapter.embeddings)
         return method.attribute(
             batch.input_ids_BN,
             baselines=baseline,
             target=target,
-            additional_forward_args=self._args(trace),
+            additional_forward_args=(
+                *self._args(trace),
+                trace.adapter.position_ids(batch.input_ids_BN),
+            ),
             n_steps=self.params["steps"],
             internal_batch_size=self.params["internal_batch_size"],
         )

@@ -15,13 +15,16 @@ Examples run one at a time on their real tokens, so padding never enters.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch.func import jacrev
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, Trace
-from attrib_bench.model.load import LoadedModel
+
+if TYPE_CHECKING:  # model.load imports transformers: `attrib-bench list` should not
+    from attrib_bench.model.load import LoadedModel
 
 
 def hidden_states_from(loaded: LoadedModel, x_ND: torch.Tensor, layers: int) -> torch.Tensor:

@@ -14,9 +14,13 @@ Per example (DeYoung et al., "ERASER", ACL 2020, section 4.1 and its ``metrics.p
   (``score_hard_rationale_predictions``, its ``instance_macro`` F1 is the mean of these).
 - ``iou-f1``: the predicted words' maximal runs are spans; a predicted span is a true positive
   when its best intersection-over-union with a rationale span is >= 0.5; precision = TP / predicted
-  spans, recall = TP / rationale spans, F1 of the two (``partial_match_score`` for one instance).
-  ERASER's macro IOU F1 is the F1 of the mean precision and mean recall: ``part=precision`` and
-  ``part=recall`` give those means, ``part=f1`` (default) the mean of per-example F1.
+  spans, recall = TP / rationale spans (``partial_match_score`` for one instance). The default,
+  ``part=f1``, is ERASER's macro IOU F1: the F1 of the mean precision and the mean recall over
+  the scored examples (every one has rationale and predicted words, so both means run over the
+  same examples, as in ERASER). That is no mean of per-example values, so the evaluator states
+  it as a corpus-level statistic (``parts``, ``aggregate``) for the runner to summarise; the
+  per-example score it returns is the instance's own F1. ``part=instance-f1`` is the mean of
+  those per-example F1s; ``part=precision`` and ``part=recall`` the two means.
 - ``auprc``: the area under the precision-recall curve of the soft word scores, sklearn's
   ``precision_recall_curve`` integrated by the trapezoid rule (ERASER's ``_auprc``).
 
@@ -107,6 +111,8 @@ class Plausibility(Configurable, ABC):
     in_default_run = False
     parameters = {"pool": "sum", "layer": -1}
     choices = {"pool": ("sum", "max")}
+    #: Per-example values of a corpus-level statistic (see IouF1), returned as "aggregated/<part>".
+    parts: tuple[str, ...] = ()
 
     def validate(self) -> None:
         if self.params["layer"] == 0 or self.params["layer"] < -1:
@@ -116,17 +122,22 @@ class Plausibility(Configurable, ABC):
     def metric(self, truth: np.ndarray, scores: np.ndarray) -> float:
         """The per-example score of the visible words' rationale and soft scores."""
 
+    def metrics(self, truth: np.ndarray, scores: np.ndarray) -> tuple[float, ...]:
+        """The per-example score, then the value of each of ``parts``."""
+        return (self.metric(truth, scores),)
+
     def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
         batch = context.trace.batch
         if all(e.rationale is None for e in batch.examples):
-            raise ValueError(
+            raise UsageError(
                 "the dataset has no word rationales (use an ERASER folder such as "
                 "../shared/data/hatexplain_eraser, or the default dataset)"
             )
         if batch.word_ids_BN is None:
-            raise ValueError("the batch has no word alignment (make it with make_batches)")
+            raise UsageError("the batch has no word alignment (make it with make_batches)")
         rows_BN = scored_row(attribution, self.params["layer"]).detach().double().cpu().numpy()
-        out = np.full(len(batch.examples), math.nan)
+        keys = ("aggregated", *(f"aggregated/{part}" for part in self.parts))
+        out = {key: np.full(len(batch.examples), math.nan) for key in keys}
         for row, example in enumerate(batch.examples):
             if example.rationale is None:
                 continue
@@ -136,8 +147,9 @@ class Plausibility(Configurable, ABC):
             )
             truth = rationale[visible]
             if truth.any() and np.isfinite(pooled[visible]).all():
-                out[row] = self.metric(truth, pooled[visible])
-        return {"aggregated": out[None, :]}
+                for key, value in zip(keys, self.metrics(truth, pooled[visible]), strict=True):
+                    out[key][row] = value
+        return {key: values[None, :] for key, values in out.items()}
 
 
 class TokenF1(Plausibility):
@@ -160,14 +172,39 @@ class TokenF1(Plausibility):
 
 
 class IouF1(TokenF1):
+    """ERASER's partial match; by default its macro F1, a corpus-level statistic.
+
+    With ``part=f1``, ``score`` returns each example's own F1 under "aggregated" and its
+    precision and recall under "aggregated/precision" and "aggregated/recall" (``parts``); the
+    runner summarises the examples with ``aggregate`` over those two columns, its bootstrap
+    resampling examples, instead of averaging the per-example F1.
+    """
+
     name = "iou-f1"
-    description = "IOU F1: top-k word spans matching a rationale span at IOU >= 0.5 (ERASER)"
+    description = (
+        "ERASER macro IOU F1: F1 of the mean precision and recall of top-k word spans "
+        "matching a rationale span at IOU >= 0.5"
+    )
     parameters = {**TokenF1.parameters, "part": "f1"}
-    choices = {**TokenF1.choices, "part": ("f1", "precision", "recall")}
+    choices = {**TokenF1.choices, "part": ("f1", "instance-f1", "precision", "recall")}
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        return ("precision", "recall") if self.params["part"] == "f1" else ()
+
+    def metrics(self, truth: np.ndarray, scores: np.ndarray) -> tuple[float, ...]:
+        precision, recall, score = iou_prf(truth, self.predicted(truth, scores))
+        if self.parts:
+            return score, precision, recall
+        return ({"precision": precision, "recall": recall}.get(self.params["part"], score),)
 
     def metric(self, truth: np.ndarray, scores: np.ndarray) -> float:
-        precision, recall, score = iou_prf(truth, self.predicted(truth, scores))
-        return {"precision": precision, "recall": recall, "f1": score}[self.params["part"]]
+        return self.metrics(truth, scores)[0]
+
+    def aggregate(self, values_EP: np.ndarray) -> float:
+        """ERASER's macro F1 of the examples given, rows of (precision, recall) as in ``parts``."""
+        precision, recall = np.asarray(values_EP, dtype=float).mean(axis=0)
+        return f1(float(precision), float(recall))
 
 
 class Auprc(Plausibility):

@@ -9,6 +9,12 @@ tokens kept unless ``drop_special=true``). Steps are reported as layers: "layer"
 is step s. A faithful method decorrelates (near 0) as soon as the head is random; a method whose
 attribution barely changes does not depend on what the model learned (lower is better).
 
+Which class a class-specific method (``target=predicted``) explains on the randomised model:
+``target=randomised`` (the default) the randomised model's own prediction, ``target=trained``
+the trained model's, so that only the model changes between the two attributions and not the
+question asked of it. Methods without a target (the attention family, ``random``) and
+``target=gold`` are unaffected.
+
 Re-initialisation draws like BERT's own initialiser (Linear and Embedding weights from
 N(0, initializer_range), biases 0, LayerNorm weight 1 and bias 0) from a generator seeded by the
 run seed and the step, so every batch and method sees the same randomised models. Cost: the
@@ -64,7 +70,8 @@ class ModelRandomization(Configurable):
     needs_reference = False
     in_default_run = False
     higher_is_better = False
-    parameters = {"steps": -1, "layer": -1, "drop_special": False}
+    parameters = {"steps": -1, "layer": -1, "drop_special": False, "target": "randomised"}
+    choices = {"target": ("randomised", "trained")}
 
     def validate(self) -> None:
         if self.params["steps"] == 0 or self.params["steps"] < -1:
@@ -96,9 +103,11 @@ class ModelRandomization(Configurable):
             )
             for module in modules:
                 reinitialize(module, std, generator)
-            randomized = context.attributor.attribute(
-                trace_batch(loaded, batch, requires, trace.seed)
-            )
+            randomized_trace = trace_batch(loaded, batch, requires, trace.seed)
+            if self.params["target"] == "trained":
+                # A trace's logits serve to name the predicted class (Trace.predicted_B).
+                randomized_trace.logits_BC = trace.logits_BC
+            randomized = context.attributor.attribute(randomized_trace)
             random_BN = scored_row(randomized, self.params["layer"]).detach().cpu().numpy()
             out.append(
                 [

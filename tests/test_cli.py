@@ -10,6 +10,7 @@ import csv
 import json
 import re
 import runpy
+import subprocess
 import sys
 
 import pytest
@@ -65,6 +66,8 @@ def test_list_prints_a_table_of_every_builtin(run_cli, wide):
     for name in (*BUILTIN_ATTRIBUTORS, "spearman"):
         assert re.search(rf"│ {re.escape(name)} +│", out), name
     assert "attrib-bench 0.1.0 (attention = attrib_bench_plugins.attention)" in out
+    assert re.search(r"│ rollout +│.*│ residual=0.5 +│ yes +│", out)
+    assert re.search(r"│ hta +│.*│ no +│", out)
 
 
 def test_list_json_schema_and_builtin_sources(run_cli):
@@ -74,7 +77,7 @@ def test_list_json_schema_and_builtin_sources(run_cli):
     assert set(listing) == {"attributors", "evaluators"}
     for kind in ("attributors", "evaluators"):
         for entry in listing[kind]:
-            assert set(entry) == {"name", "description", "plugin"}
+            assert set(entry) == {"name", "description", "parameters", "default_run", "plugin"}
             assert entry["description"].strip()
         names = [entry["name"] for entry in listing[kind]]
         assert names == sorted(names)
@@ -88,6 +91,13 @@ def test_list_json_schema_and_builtin_sources(run_cli):
         assert "attrib_bench_plugins." in entry["plugin"]
     assert attributors["rollout"]["plugin"].endswith("(attention = attrib_bench_plugins.attention)")
     assert attributors["saliency"]["plugin"].endswith("(gradient = attrib_bench_plugins.gradient)")
+    # Parameters with their defaults (and closed choices), and which run only when selected.
+    assert attributors["rollout"]["parameters"] == {"residual": {"default": 0.5}}
+    assert attributors["hta"]["parameters"]["norm"] == {
+        "default": "frobenius",
+        "choices": ["frobenius", "sum"],
+    }
+    assert attributors["attention"]["default_run"] and not attributors["hta"]["default_run"]
 
 
 # ----------------------------------------------------------------------------------------- run
@@ -550,3 +560,41 @@ def test_python_dash_m_runs_the_cli(monkeypatch, capsys):
         runpy.run_module("attrib_bench.cli", run_name="__main__")
     assert exited.value.code in (0, None)
     assert capsys.readouterr().out.strip() == f"attrib-bench {attrib_bench.__version__}"
+
+
+# ------------------------------------------------------------------------------- startup cost
+
+#: Run ``main`` with the arguments, then print the heavy libraries the process imported.
+IMPORTS_PROBE = """
+import sys
+from attrib_bench.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+heavy = ("torch", "transformers", "datasets", "captum", "scipy", "matplotlib")
+print("imported:", *[name for name in heavy if name in sys.modules], file=sys.__stderr__)
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "allowed"),
+    [
+        (["--help"], set()),
+        (["run", "--attributors", ""], set()),  # a usage error from argparse
+        (["check", "missing.json", "--baseline", "missing.json"], set()),
+        (["list", "--json"], {"torch"}),  # plugins import torch; nothing else
+    ],
+)
+def test_light_commands_do_not_import_heavy_libraries(args, allowed, tmp_path):
+    """--help, usage errors, check and list answer in about a second: no transformers import."""
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORTS_PROBE, *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    last = done.stderr.strip().splitlines()[-1].split()
+    assert last[0] == "imported:", done.stderr
+    assert set(last[1:]) <= allowed, done.stderr

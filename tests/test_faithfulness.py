@@ -49,7 +49,7 @@ class Evidence(torch.nn.Module):
         self.calls = 0
         self.rows = 0
 
-    def forward(self, input_ids, attention_mask, token_type_ids=None):
+    def forward(self, input_ids, attention_mask, token_type_ids=None, position_ids=None):
         self.calls += 1
         self.rows += input_ids.shape[0]
         present = attention_mask.bool()
@@ -65,7 +65,8 @@ def toy_trace(scores: list[float], label: int = 1, pad: int = 0):
     batch = Batch([Example("x", "a b c", label=label)], ids, mask, None, special, [])
     model = Evidence()
     tokenizer = SimpleNamespace(mask_token_id=MASK, pad_token_id=PAD)
-    loaded = SimpleNamespace(model=model, tokenizer=tokenizer)
+    adapter = SimpleNamespace(position_ids=lambda ids: torch.arange(ids.shape[1]).expand_as(ids))
+    loaded = SimpleNamespace(model=model, tokenizer=tokenizer, adapter=adapter)
     trace = Trace(batch=batch, loaded=loaded, logits_BC=model(ids, mask).logits.float())
     attribution = Attribution(aggregated_BLN=torch.tensor([[scores + [0.0] * pad]]))
     return trace, attribution, EvalContext(trace, None, 0)
@@ -123,13 +124,21 @@ def test_erasure_on_a_real_batch_masks_exactly_the_top_k_and_never_a_special_tok
         assert not (kept & removed).any() and ((kept | removed) == candidates).all()
 
 
-def test_delete_repacks_each_row_like_the_shortened_input_alone(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+def test_delete_repacks_each_row_like_the_shortened_input_alone(tiny_model):
+    """A genuine deletion: the re-packed tokens are numbered afresh, not at their old places."""
+    loaded = load_model(str(tiny_model), "cpu")
     pairs = [Example("0", "a good film", "yes it was"), Example("1", "bad", "no")]
+    if loaded.model.config.type_vocab_size == 1:  # the tiny RoBERTa has one segment type
+        pairs = [Example(e.id, f"{e.text} {e.text_pair}") for e in pairs]
     batch = one_batch(loaded, pairs)
     candidates = (batch.attention_mask_BN.bool() & ~batch.special_tokens_mask_BN.bool()).numpy()
     removed = erasure_mask(np.zeros(candidates.shape), candidates, 0.4, "remove")
-    packed = erase(batch.model_inputs(), torch.as_tensor(removed), "delete", loaded.tokenizer)
+    # What the evaluators pass: the original input's position ids ride along.
+    inputs = {
+        **batch.model_inputs(),
+        "position_ids": loaded.adapter.position_ids(batch.input_ids_BN),
+    }
+    packed = erase(inputs, torch.as_tensor(removed), "delete", loaded.tokenizer)
     with torch.no_grad():
         together = loaded.model(**packed).logits
     for row in range(2):
@@ -139,6 +148,36 @@ def test_delete_repacks_each_row_like_the_shortened_input_alone(tiny_bert):
         assert packed["input_ids"][row][:length].tolist() == alone["input_ids"][0].tolist()
         with torch.no_grad():
             torch.testing.assert_close(together[row], loaded.model(**alone).logits[0])
+
+
+@pytest.mark.parametrize("removal", ["pad", "mask"])
+def test_replacing_tokens_leaves_every_other_embedding_unchanged(tiny_model, removal):
+    """RoBERTa numbers positions over non-pad tokens: a [PAD] must not move later tokens."""
+    loaded = load_model(str(tiny_model), "cpu")
+    batch = one_batch(loaded, examples())
+    embeddings = loaded.adapter.embeddings
+    with torch.no_grad():
+        original = embeddings(input_ids=batch.input_ids_BN, token_type_ids=batch.token_type_ids_BN)
+    seen = []
+    handle = embeddings.register_forward_hook(
+        lambda _module, _args, kwargs, output: seen.append((kwargs["input_ids"], output)),
+        with_kwargs=True,
+    )
+    trace = trace_batch(loaded, batch, set())
+    generator = torch.Generator().manual_seed(0)
+    scores = Attribution(
+        aggregated_BLN=torch.rand(5, 1, batch.input_ids_BN.shape[1], generator=generator)
+    )
+    try:
+        Comprehensiveness().configure({"removal": removal, "ratios": "0.5"}).erased(
+            scores, EvalContext(trace, None, 0)
+        )
+    finally:
+        handle.remove()
+    ((ids, erased),) = seen[1:]  # after the trace: one pass, one variant per example, in order
+    untouched = ids == batch.input_ids_BN
+    assert (~untouched).any(dim=1).all()  # every example had a token replaced
+    torch.testing.assert_close(erased[untouched], original[untouched])
 
 
 def test_zero_removal_ignores_which_token_was_erased(tiny_bert):

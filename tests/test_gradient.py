@@ -74,19 +74,26 @@ def test_gold_target_and_signed_sum(setup):
     torch.testing.assert_close(ours.aggregated_BLN[:, 0][mask], direct[mask], rtol=1e-5, atol=1e-7)
 
 
-def test_integrated_gradients_equals_captum_on_embedding_output(setup):
-    loaded, trace = setup
-    forward, start = from_embedding_output(loaded, trace.batch)
-    batch = trace.batch
+def pad_baseline(loaded, batch) -> torch.Tensor:
+    """The [PAD] baseline's token ids: special tokens kept, every other token [PAD]."""
     pad = loaded.tokenizer.pad_token_id
-    baseline_ids = torch.where(
+    return torch.where(
         batch.special_tokens_mask_BN.bool(),
         batch.input_ids_BN,
         torch.full_like(batch.input_ids_BN, pad),
     )
-    with torch.no_grad():
+
+
+def test_integrated_gradients_equals_captum_on_embedding_output(tiny_model):
+    loaded = load_model(str(tiny_model), "cpu")
+    trace = trace_batch(loaded, one_batch(loaded, examples()), set())
+    forward, start = from_embedding_output(loaded, trace.batch)
+    batch = trace.batch
+    with torch.no_grad():  # the baseline's tokens stay at the real input's positions
         baseline = loaded.model.base_model.embeddings(
-            input_ids=baseline_ids, token_type_ids=batch.token_type_ids_BN
+            input_ids=pad_baseline(loaded, batch),
+            token_type_ids=batch.token_type_ids_BN,
+            position_ids=loaded.adapter.position_ids(batch.input_ids_BN),
         )
     direct, delta = IntegratedGradients(forward).attribute(
         start,
@@ -99,3 +106,27 @@ def test_integrated_gradients_equals_captum_on_embedding_output(setup):
     mask = trace.mask_BN.bool()
     torch.testing.assert_close(ours[mask], direct.norm(dim=-1)[mask], rtol=1e-4, atol=1e-6)
     assert delta.abs().max() < 0.05  # completeness holds approximately at 8 steps
+
+
+def test_integrated_gradients_baseline_keeps_the_kept_tokens_embeddings(tiny_model):
+    """RoBERTa numbers positions over non-pad tokens: the baseline's [PAD]s must not move the
+    final special token, so every token the baseline keeps is embedded as in the input."""
+    loaded = load_model(str(tiny_model), "cpu")
+    trace = trace_batch(loaded, one_batch(loaded, examples()), set())
+    batch = trace.batch
+    baseline_ids = pad_baseline(loaded, batch)
+    embedded = {}
+    handle = loaded.adapter.embeddings.register_forward_hook(
+        lambda _module, _args, kwargs, output: embedded.setdefault(
+            tuple(kwargs["input_ids"].flatten().tolist()), output.detach()
+        ),
+        with_kwargs=True,
+    )
+    try:
+        OurIG().configure({"steps": "2"}).attribute(trace)
+    finally:
+        handle.remove()
+    original = embedded[tuple(batch.input_ids_BN.flatten().tolist())]
+    baseline = embedded[tuple(baseline_ids.flatten().tolist())]
+    kept = baseline_ids == batch.input_ids_BN  # special tokens and padding
+    torch.testing.assert_close(baseline[kept], original[kept])

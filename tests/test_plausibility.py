@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -19,6 +20,7 @@ from attrib_bench.data.rationales import (
     token_word_ids,
     word_scores,
 )
+from attrib_bench.errors import UsageError
 from attrib_bench.interfaces import Example
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
@@ -80,6 +82,56 @@ def test_iou_f1_by_hand():
     assert f1 == pytest.approx(2 * (1 / 3) * (1 / 2) / (1 / 3 + 1 / 2))
     # Exactly 0.5 counts (ERASER thresholds with >=): [0, 2) against [0, 4).
     assert iou_prf(np.array([1, 1, 1, 1], bool), np.array([1, 1, 0, 0], bool))[0] == 1.0
+
+
+def eraser_macro_iou_f1(instances, threshold=0.5):
+    """ERASER's ``partial_match_score`` (macro), transcribed on spans as sets of positions.
+
+    Per instance: a predicted span is a hit when its best IOU with a true span reaches the
+    threshold; precision = hits / predicted spans, recall = hits / true spans. Then the F1 of
+    the mean precision and the mean recall.
+    """
+    precisions, recalls = [], []
+    for true_spans, predicted_spans in instances:
+        hits = 0
+        for p in predicted_spans:
+            ious = [len(p & t) / len(p | t) for t in true_spans]
+            hits += max(ious, default=0.0) >= threshold
+        precisions.append(hits / len(predicted_spans))
+        recalls.append(hits / len(true_spans))
+    p, r = sum(precisions) / len(precisions), sum(recalls) / len(recalls)
+    return 0.0 if p == 0 or r == 0 else 2 * p * r / (p + r)
+
+
+def runs(mask) -> list[set[int]]:
+    """The maximal runs of True, each as the set of its positions."""
+    out, position = [], 0
+    for value, group in itertools.groupby(mask.tolist()):
+        size = len(list(group))
+        if value:
+            out.append(set(range(position, position + size)))
+        position += size
+    return out
+
+
+def test_iou_f1_is_erasers_macro_f1_and_instance_f1_the_mean_of_per_example_f1():
+    rng = np.random.default_rng(0)
+    evaluator, instance = IouF1(), IouF1().configure({"part": "instance-f1"})
+    parts, per_example, instances = [], [], []
+    for _ in range(40):
+        n = int(rng.integers(4, 25))
+        truth = rng.random(n) < 0.35
+        truth[rng.integers(n)] = True
+        scores = rng.integers(0, 4, n) + truth * rng.random(n)  # ties and some signal
+        score, precision, recall = evaluator.metrics(truth, scores)
+        parts.append((precision, recall))
+        per_example.append(score)
+        assert instance.metrics(truth, scores) == (score,)
+        instances.append((runs(truth), runs(top_k_words(scores, int(truth.sum())))))
+    expected = eraser_macro_iou_f1(instances)
+    assert evaluator.parts == ("precision", "recall") and instance.parts == ()
+    assert evaluator.aggregate(np.array(parts)) == pytest.approx(expected, abs=1e-12)
+    assert abs(np.mean(per_example) - expected) > 0.005  # the two definitions differ here
 
 
 def test_top_k_breaks_ties_by_position():
@@ -208,10 +260,48 @@ def test_evaluators_on_a_batch_with_known_answers(tiny_bert):
     assert recall["aggregated"][0][ids.index("0")] == 0.0  # every word: one span, IOU 1/6
 
 
+def test_iou_f1_returns_the_parts_of_its_corpus_statistic(tiny_bert):
+    trace = rationale_trace(tiny_bert)
+    ids = [e.id for e in trace.batch.examples]
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.rand(3, 1, trace.batch.input_ids_BN.shape[1], generator=generator)
+    scores, context = Attribution(aggregated_BLN=rows), EvalContext(trace, None, 0)
+    result = IouF1().score(scores, context)
+    assert set(result) == {"aggregated", "aggregated/precision", "aggregated/recall"}
+    for key, values in result.items():
+        assert values.shape == (1, 3) and math.isnan(values[0, ids.index("1")]), key
+    for part in ("precision", "recall", "instance-f1"):
+        alone = IouF1().configure({"part": part}).score(scores, context)
+        assert set(alone) == {"aggregated"}
+        key = "aggregated" if part == "instance-f1" else f"aggregated/{part}"
+        np.testing.assert_array_equal(alone["aggregated"], result[key])
+
+
+def test_iou_f1_in_a_run_is_erasers_macro_f1(tiny_bert, run_cli, tmp_path):
+    folder = SHARED_DATA / "hatexplain_eraser"
+    if not folder.is_dir():
+        pytest.skip(f"{folder} is not available")
+    output = tmp_path / "result.json"
+    evaluators = "iou-f1,iou-f1:part=precision,iou-f1:part=recall"
+    code, _, err = run_cli(
+        "run", "--model", tiny_bert, "--dataset", folder, "--limit", "16", "--max-length", "24",
+        "--attributors", "random", "--evaluators", evaluators, "--quiet", "--output", output,
+    )  # fmt: skip
+    assert code == 0, err
+    method = json.loads(output.read_text())["methods"]["random"]
+    precision, recall, instance = (
+        np.nanmean(np.array(method["per_example"][name]["aggregated"][0], dtype=float))
+        for name in ("iou-f1:part=precision", "iou-f1:part=recall", "iou-f1")
+    )
+    macro = 2 * precision * recall / (precision + recall)
+    assert abs(instance - macro) > 1e-3  # the mean of per-example F1 would not pass
+    assert method["scores"]["iou-f1"]["aggregated"][0]["mean"] == pytest.approx(macro)
+
+
 def test_no_rationales_is_an_evaluator_error(tiny_bert):
     loaded = load_model(str(tiny_bert), "cpu")
     trace = trace_batch(loaded, one_batch(loaded, [Example("0", "no rationale here")]), set())
-    with pytest.raises(ValueError, match="no word rationales"):
+    with pytest.raises(UsageError, match="no word rationales"):
         Auprc().score(Attribution(aggregated_BLN=torch.rand(1, 1, 5)), EvalContext(trace, None, 0))
 
 

@@ -1,4 +1,4 @@
-"""The model-randomisation sanity check: cascade order, determinism, and its two extremes."""
+"""The model-randomisation sanity check: what each step randomises, its target, determinism."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import torch
 from helpers import examples, one_batch
 
 from attrib_bench import EvalContext, UsageError
-from attrib_bench.model.load import load_model, weights_hash
+from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
+from attrib_bench_plugins.attention import RawAttention
 from attrib_bench_plugins.baselines import RandomAttributor
 from attrib_bench_plugins.gradient import Saliency
 from attrib_bench_plugins.sanity import ModelRandomization, cascade, reinitialize
@@ -42,23 +43,86 @@ def test_reinitialize_is_seeded_and_draws_like_bert(loaded):
     assert first[0].bias.abs().max() == 0 and (first[1].weight == 1).all()
 
 
-def test_random_attributor_is_fully_insensitive_and_saliency_is_not(loaded):
+class Recorder:
+    """An attributor that records, per call, the model it saw and the class it was asked about."""
+
+    name = "recorder"
+    requires = frozenset()
+
+    def __init__(self):
+        self.models: list[dict[str, torch.Tensor]] = []
+        self.predicted: list[torch.Tensor] = []
+
+    def attribute(self, trace):
+        self.models.append({k: v.clone() for k, v in trace.model.state_dict().items()})
+        self.predicted.append(trace.predicted_B.clone())
+        return RandomAttributor().attribute(trace)
+
+
+def sanity_scores(sanity, attributor, trace) -> np.ndarray:
+    context = EvalContext(trace, None, 0, attributor)
+    return sanity.score(attributor.attribute(trace), context)["aggregated"]
+
+
+def test_a_model_independent_method_scores_exactly_one_at_every_step(loaded):
     trace = trace_batch(loaded, one_batch(loaded, examples()), set())
-    before = weights_hash(loaded.model)
-    sanity = ModelRandomization()
-    for attributor, check in (
-        (RandomAttributor(), lambda s: np.allclose(s, 1.0)),
-        (Saliency(), lambda s: np.nanmean(s[-1]) < 0.9),
-    ):
-        context = EvalContext(trace, None, 0, attributor)
-        scores = sanity.score(attributor.attribute(trace), context)["aggregated"]
-        assert scores.shape == (1 + loaded.model.config.num_hidden_layers, 5)
-        assert check(scores), scores
-    assert weights_hash(loaded.model) == before  # the trained model is never touched
-    again = sanity.score(Saliency().attribute(trace), EvalContext(trace, None, 0, Saliency()))
-    np.testing.assert_allclose(again["aggregated"], scores)  # seeded: same random models
-    two = ModelRandomization().configure({"steps": "2"})
-    assert two.score(Saliency().attribute(trace), context)["aggregated"].shape == (2, 5)
+    scores = sanity_scores(ModelRandomization(), RandomAttributor(), trace)
+    assert scores.shape == (1 + loaded.model.config.num_hidden_layers, 5)
+    np.testing.assert_allclose(scores, 1.0, rtol=0, atol=1e-12)
+
+
+def test_step_one_leaves_attention_unchanged_and_changes_gradients(loaded):
+    """Step 1 re-initialises the head only: attention cannot see it, gradients must."""
+    trace = trace_batch(loaded, one_batch(loaded, examples()), {"attentions"})
+    step_one = ModelRandomization().configure({"steps": "1"})
+    attention = sanity_scores(step_one, RawAttention(), trace)
+    np.testing.assert_allclose(attention, 1.0, rtol=0, atol=1e-12)
+    saliency = sanity_scores(step_one, Saliency(), trace)
+    assert saliency.shape == (1, 5) and (saliency < 0.95).sum() >= 3, saliency
+
+
+def test_cascade_randomises_the_head_then_layers_top_down_and_spares_the_trained_model(
+    tiny_model,
+):
+    loaded = load_model(str(tiny_model), "cpu")
+    trained = {k: v.clone() for k, v in loaded.model.state_dict().items()}
+    trace = trace_batch(loaded, one_batch(loaded, examples()), set())
+    recorder = Recorder()
+    sanity_scores(ModelRandomization(), recorder, trace)
+    base = loaded.model.base_model_prefix
+    head = ("classifier.", f"{base}.pooler.")
+    layers = loaded.model.config.num_hidden_layers
+    assert len(recorder.models) == 2 + layers  # the trained attribution, then every step
+    for step, state in enumerate(recorder.models[1:], start=1):
+        random_layers = [f"{base}.encoder.layer.{i}." for i in range(layers - step + 1, layers)]
+        for name, value in state.items():
+            changed = not torch.equal(value, trained[name])
+            expected = name.startswith(head + tuple(random_layers))
+            assert changed == expected, (step, name)
+    for name, value in loaded.model.state_dict().items():  # the trained model is never touched
+        assert torch.equal(value, trained[name]), name
+
+
+def test_target_chooses_whose_predicted_class_is_explained(loaded):
+    trace = trace_batch(loaded, one_batch(loaded, examples()), set())
+    trained_B = trace.predicted_B
+    own, kept = Recorder(), Recorder()
+    sanity_scores(ModelRandomization(), own, trace)
+    sanity_scores(ModelRandomization().configure({"target": "trained"}), kept, trace)
+    randomised = torch.stack(own.predicted[1:])
+    assert (randomised != trained_B).any()  # the default explains the random model's classes
+    for predicted in kept.predicted[1:]:
+        assert torch.equal(predicted, trained_B)
+    with pytest.raises(UsageError):
+        ModelRandomization().configure({"target": "gold"})
+
+
+def test_randomisation_is_seeded(loaded):
+    trace = trace_batch(loaded, one_batch(loaded, examples()), set())
+    first = sanity_scores(ModelRandomization(), Saliency(), trace)
+    np.testing.assert_array_equal(sanity_scores(ModelRandomization(), Saliency(), trace), first)
+    two = sanity_scores(ModelRandomization().configure({"steps": "2"}), Saliency(), trace)
+    np.testing.assert_array_equal(two, first[:2])
 
 
 def test_bad_steps_are_usage_errors():

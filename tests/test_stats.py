@@ -39,3 +39,17 @@ def test_bootstrap_is_seeded():
     assert bootstrap_ci(values, 3) == bootstrap_ci(values, 3)
     assert bootstrap_ci(values, 3) != bootstrap_ci(values, 4)
     assert all(math.isnan(v) for v in bootstrap_ci(values[:1], 0))
+
+
+def test_corpus_summary_with_the_mean_is_the_plain_summary():
+    """Same bootstrap draws either way: a corpus statistic that is the mean changes nothing."""
+    from attrib_bench.stats import summarize_corpus
+
+    values = np.random.default_rng(3).normal(size=(40, 2))
+    values[5, 1] = np.nan  # a row with an undefined part is left out whole
+    corpus = summarize_corpus(values, lambda rows: float(rows[:, 0].mean()), seed=7)
+    plain = summarize(np.delete(values[:, 0], 5), seed=7)
+    assert corpus["mean"] == pytest.approx(plain["mean"])
+    assert corpus["ci95"] == pytest.approx(plain["ci95"])
+    assert (corpus["n"], corpus["nan"]) == (39, 1)
+    assert np.isnan(corpus["std"])

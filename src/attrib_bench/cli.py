@@ -164,6 +164,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parameters(obj: object) -> dict[str, dict]:
+    """A plugin's parameters: each default, and the allowed values where the set is closed."""
+    choices = getattr(obj, "choices", {})
+    return {
+        key: {"default": default, **({"choices": list(choices[key])} if key in choices else {})}
+        for key, default in getattr(obj, "parameters", {}).items()
+    }
+
+
+def _parameters_text(parameters: dict[str, dict]) -> str:
+    return ", ".join(
+        f"{key}={json.dumps(p['default'])}"
+        + (f" ({'|'.join(p['choices'])})" if "choices" in p else "")
+        for key, p in parameters.items()
+    )
+
+
 def _list(args: argparse.Namespace, out: Console) -> int:
     from rich.table import Table
 
@@ -172,7 +189,13 @@ def _list(args: argparse.Namespace, out: Console) -> int:
     registry = load_registry(args.plugin)
     listing = {
         kind: [
-            {"name": name, "description": reg.obj.description, "plugin": reg.source}
+            {
+                "name": name,
+                "description": reg.obj.description,
+                "parameters": _parameters(reg.obj),
+                "default_run": bool(getattr(reg.obj, "in_default_run", True)),
+                "plugin": reg.source,
+            }
             for name, reg in sorted(table.items())
         ]
         for kind, table in (
@@ -184,11 +207,23 @@ def _list(args: argparse.Namespace, out: Console) -> int:
         out.print_json(json.dumps(listing))
         return ExitCode.OK
     for kind, rows in listing.items():
-        table = Table(title=kind, title_justify="left")
-        for column in ("name", "description", "plugin"):
+        table = Table(
+            title=kind,
+            title_justify="left",
+            caption="default run: no = runs only when selected by name (costly)",
+            caption_justify="left",
+        )
+        for column in ("name", "description", "parameters (defaults)", "default run"):
             table.add_column(column)
+        table.add_column("plugin", no_wrap=True)
         for row in rows:
-            table.add_row(row["name"], row["description"], row["plugin"])
+            table.add_row(
+                row["name"],
+                row["description"],
+                escape(_parameters_text(row["parameters"])),
+                "yes" if row["default_run"] else "no",
+                row["plugin"],
+            )
         out.print(table)
     return ExitCode.OK
 

@@ -82,7 +82,9 @@ def build_result(
                 doc["evaluators"][evaluator] = _pair_status(method, evaluator)
                 if evaluator in method.evaluator_errors:
                     method.scores.pop(evaluator, None)
-            doc["scores"], doc["per_example"] = summarize_scores(method, example_ids, config.seed)
+            doc["scores"], doc["per_example"] = summarize_scores(
+                method, example_ids, config.seed, evaluators
+            )
         method_docs[method.spec] = doc
     data = prepared.data
     return {

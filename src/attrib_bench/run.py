@@ -25,7 +25,7 @@ from attrib_bench.memory import PeakMemory, standalone_megabytes
 from attrib_bench.model.load import LoadedModel, load_model
 from attrib_bench.model.trace import Trace, trace_batch
 from attrib_bench.plugins import Registry, Spec, load_registry
-from attrib_bench.stats import summarize
+from attrib_bench.stats import summarize, summarize_corpus
 
 DEFAULT_REFERENCE = "saliency"
 #: The attributor every leaderboard carries as its floor (added when not selected).
@@ -226,26 +226,32 @@ def _attribute(
     method.peak_memory_mb = max(method.peak_memory_mb, memory)
 
 
-def _store(method: MethodState, evaluator: str, scores: Any, batch: Batch) -> None:
-    """Keep an evaluator's per-example scores; ValueError when they do not fit the batch."""
-    if not isinstance(scores, dict) or not scores or set(scores) - set(KINDS):
+def _store(method: MethodState, name: str, evaluator: Any, scores: Any, batch: Batch) -> None:
+    """Keep an evaluator's per-example scores; ValueError when they do not fit the batch.
+
+    Keys are kinds, plus ``kind/part`` for each of the evaluator's ``parts`` (the columns a
+    corpus-level ``aggregate`` reads).
+    """
+    parts = tuple(getattr(evaluator, "parts", ()))
+    valid = {*KINDS, *(f"{kind}/{part}" for kind in KINDS for part in parts)}
+    if not isinstance(scores, dict) or not scores or set(scores) - valid:
         shown = sorted(map(str, scores)) if isinstance(scores, dict) else type(scores).__name__
         raise ValueError(f"score() returned {shown}; expected a dict with keys among {KINDS}")
     checked = {}
-    for kind, values in scores.items():
+    for key, values in scores.items():
         values_LB = np.asarray(values, dtype=float)
         if values_LB.ndim != 2 or values_LB.shape[1] != len(batch.examples):
             raise ValueError(
-                f"score() returned {kind} scores of shape {values_LB.shape}; expected "
+                f"score() returned {key} scores of shape {values_LB.shape}; expected "
                 f"(layers, {len(batch.examples)})"
             )
-        known = method.scores.get(evaluator, {}).get(kind)
+        known = method.scores.get(name, {}).get(key)
         if known and len(next(iter(known.values()))) != values_LB.shape[0]:
-            raise ValueError(f"score() returned a different number of {kind} layers per batch")
-        checked[kind] = values_LB
-    table = method.scores.setdefault(evaluator, {})
-    for kind, values_LB in checked.items():
-        by_id = table.setdefault(kind, {})
+            raise ValueError(f"score() returned a different number of {key} layers per batch")
+        checked[key] = values_LB
+    table = method.scores.setdefault(name, {})
+    for key, values_LB in checked.items():
+        by_id = table.setdefault(key, {})
         for column, example in enumerate(batch.examples):
             by_id[example.id] = values_LB[:, column]
 
@@ -351,7 +357,8 @@ def _evaluate(
             continue
         context = EvalContext(trace, reference, seed, method.attributor)
         try:
-            _store(method, name, evaluator.score(results[method.spec], context), trace.batch)
+            scores = evaluator.score(results[method.spec], context)
+            _store(method, name, evaluator, scores, trace.batch)
         except UsageError as error:
             evaluator_errors[name] = str(error)
             console.warn(f"evaluator {name} failed: {error}")
@@ -363,20 +370,33 @@ def _evaluate(
             )
 
 
-def summarize_scores(method: MethodState, example_ids: list[str], seed: int) -> tuple[dict, dict]:
-    """Per evaluator and kind: per-layer summaries, and the per-example scores in data order."""
+def summarize_scores(
+    method: MethodState, example_ids: list[str], seed: int, evaluators: dict[str, Any]
+) -> tuple[dict, dict]:
+    """Per evaluator and kind: per-layer summaries, and the per-example scores in data order.
+
+    An evaluator with ``parts`` is summarised by its ``aggregate`` over the parts' columns (a
+    corpus-level score such as ERASER's macro F1), not by the mean of its per-example scores.
+    """
     summaries: dict[str, dict[str, list]] = {}
     per_example: dict[str, dict[str, list]] = {}
-    for evaluator, kinds in method.scores.items():
+    for name, kinds in method.scores.items():
+        parts = tuple(getattr(evaluators.get(name), "parts", ()))
         for kind in KINDS:
             if kind not in kinds:
                 continue
             matrix = np.stack([kinds[kind][i] for i in example_ids], axis=1)  # (L, examples)
-            summaries.setdefault(evaluator, {})[kind] = [
-                {"layer": layer + 1, **summarize(matrix[layer], seed)}
-                for layer in range(matrix.shape[0])
+            if parts:
+                columns = [[kinds[f"{kind}/{p}"][i] for i in example_ids] for p in parts]
+                parts_LEP = np.stack(columns, axis=-1).transpose(1, 0, 2)
+                aggregate = evaluators[name].aggregate
+                layers = [summarize_corpus(values_EP, aggregate, seed) for values_EP in parts_LEP]
+            else:
+                layers = [summarize(row, seed) for row in matrix]
+            summaries.setdefault(name, {})[kind] = [
+                {"layer": layer + 1, **summary} for layer, summary in enumerate(layers)
             ]
-            per_example.setdefault(evaluator, {})[kind] = [
+            per_example.setdefault(name, {})[kind] = [
                 [None if np.isnan(v) else float(v) for v in row] for row in matrix
             ]
     return summaries, per_example

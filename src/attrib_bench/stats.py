@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
 BOOTSTRAP_RESAMPLES = 1000
 
 
-def bootstrap_ci(values: np.ndarray, seed: int, resamples: int = BOOTSTRAP_RESAMPLES) -> list:
-    """Percentile bootstrap 95% interval of the mean; [nan, nan] with fewer than 2 values."""
+def bootstrap_ci(
+    values: np.ndarray,
+    seed: int,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    statistic: Callable[[np.ndarray], float] | None = None,
+) -> list:
+    """Percentile bootstrap 95% interval of the mean (or of ``statistic`` of the resampled
+    rows); [nan, nan] with fewer than 2 values."""
     if len(values) < 2:
         return [math.nan, math.nan]
     rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, len(values), size=(resamples, len(values)))].mean(axis=1)
-    low, high = np.percentile(means, [2.5, 97.5])
+    drawn = rng.integers(0, len(values), size=(resamples, len(values)))
+    if statistic is None:
+        estimates = values[drawn].mean(axis=1)
+    else:
+        estimates = np.array([statistic(values[rows]) for rows in drawn])
+    low, high = np.percentile(estimates, [2.5, 97.5])
     return [float(low), float(high)]
 
 
@@ -29,6 +40,23 @@ def summarize(values: np.ndarray, seed: int) -> dict:
         "ci95": bootstrap_ci(finite, seed),
         "n": len(finite),
         "nan": int(np.isnan(values).sum()),
+    }
+
+
+def summarize_corpus(
+    values_EP: np.ndarray, statistic: Callable[[np.ndarray], float], seed: int
+) -> dict:
+    """Summary of a corpus-level score (ERASER's macro F1): ``statistic`` of the (examples,
+    parts) rows that are defined, its CI a bootstrap over examples; no per-example spread."""
+    values_EP = np.asarray(values_EP, dtype=float)
+    defined = ~np.isnan(values_EP).any(axis=1)
+    rows = values_EP[defined]
+    return {
+        "mean": float(statistic(rows)) if len(rows) else math.nan,
+        "std": math.nan,
+        "ci95": bootstrap_ci(rows, seed, statistic=statistic),
+        "n": int(defined.sum()),
+        "nan": int((~defined).sum()),
     }
 
 

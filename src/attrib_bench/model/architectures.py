@@ -5,6 +5,11 @@ listed are post-LayerNorm encoders laid out like BERT (``encoder.layer[i]`` with
 ``attention.self.value``, ``attention.output.dense``, ``attention.output.LayerNorm`` and
 ``output.LayerNorm``), so one adapter serves them all. A family with another layout (DistilBERT's
 ``q_lin``, pre-LN models) needs its own row or adapter, not changes to the math.
+
+Positions differ by family: BERT and ELECTRA number tokens 0..N-1, RoBERTa and its descendants
+from the non-padding tokens (``padding_idx + 1`` onwards, padding at ``padding_idx``), so that
+replacing a token by the pad token moves every later token's position. ``position_ids`` gives
+the positions of an unmodified input, which callers that replace tokens pass explicitly.
 """
 
 from __future__ import annotations
@@ -27,15 +32,18 @@ class ArchitectureSpec:
     attention_output: str = "attention.output.dense"
     ln1: str = "attention.output.LayerNorm"
     ln2: str = "output.LayerNorm"
+    #: "absolute": positions 0..N-1; "after_padding": RoBERTa's, counted over non-pad tokens.
+    positions: str = "absolute"
 
 
 POST_LN_BERT = ArchitectureSpec()
+POST_LN_ROBERTA = ArchitectureSpec(positions="after_padding")
 
 ARCHITECTURES: dict[str, ArchitectureSpec] = {
     "bert": POST_LN_BERT,
-    "roberta": POST_LN_BERT,
-    "xlm-roberta": POST_LN_BERT,
-    "camembert": POST_LN_BERT,
+    "roberta": POST_LN_ROBERTA,
+    "xlm-roberta": POST_LN_ROBERTA,
+    "camembert": POST_LN_ROBERTA,
     "electra": POST_LN_BERT,
 }
 
@@ -92,6 +100,22 @@ class EncoderAdapter:
     def module(self, layer: int, part: str) -> nn.Module:
         """The submodule ``part`` (a field of ArchitectureSpec) of encoder layer ``layer``."""
         return _get(self.layers[layer], getattr(self.spec, part))
+
+    def position_ids(self, input_ids_BN: torch.Tensor) -> torch.Tensor:
+        """The position ids (B, N) the model derives for this input when given none.
+
+        Computed on the unmodified input and passed explicitly with an input whose tokens were
+        replaced (by [PAD], a baseline), they keep every other token's position embedding.
+        """
+        if self.spec.positions == "after_padding":
+            create = getattr(self.embeddings, "create_position_ids_from_input_ids", None)
+            if create is None:  # transformers < 5 keeps it as a module-level function
+                from transformers.models.roberta.modeling_roberta import (
+                    create_position_ids_from_input_ids as create,
+                )
+            return create(input_ids_BN, self.embeddings.padding_idx)
+        positions_N = torch.arange(input_ids_BN.shape[1], device=input_ids_BN.device)
+        return positions_N.expand_as(input_ids_BN)
 
     def layer_params(self, layer: int) -> LayerParams:
         if layer not in self._params:

@@ -1,0 +1,44 @@
+"""The adapter's position ids are those the model itself derives for an unmodified input."""
+
+from __future__ import annotations
+
+import torch
+from helpers import examples, one_batch
+
+from attrib_bench.model.load import load_model
+
+
+def model_position_ids(loaded, batch) -> torch.Tensor:
+    """What the position embedding receives when the model is run on ``batch`` as it is."""
+    seen = []
+    handle = loaded.adapter.embeddings.position_embeddings.register_forward_pre_hook(
+        lambda _module, args: seen.append(args[0])
+    )
+    try:
+        with torch.no_grad():
+            loaded.model(**batch.model_inputs())
+    finally:
+        handle.remove()
+    (positions,) = seen
+    return positions.expand_as(batch.input_ids_BN)
+
+
+def test_position_ids_match_the_model_on_a_padded_batch(tiny_model):
+    loaded = load_model(str(tiny_model), "cpu")
+    batch = one_batch(loaded, examples())
+    assert not batch.attention_mask_BN.bool().all()  # padded rows: where the families differ
+    expected = model_position_ids(loaded, batch)
+    assert torch.equal(loaded.adapter.position_ids(batch.input_ids_BN), expected)
+
+
+def test_roberta_positions_skip_padding(tiny_roberta):
+    loaded = load_model(str(tiny_roberta), "cpu")
+    batch = one_batch(loaded, examples())
+    positions = loaded.adapter.position_ids(batch.input_ids_BN)
+    pad = loaded.model.config.pad_token_id
+    real = batch.attention_mask_BN.bool()
+    # Real tokens count from pad + 1; padding sits at pad: not 0..N-1 as in BERT.
+    assert (positions[~real] == pad).all()
+    assert torch.equal(
+        positions[0, : int(real[0].sum())], torch.arange(int(real[0].sum())) + pad + 1
+    )
