@@ -320,3 +320,17 @@ def test_a_larger_limit_reuses_every_example_a_smaller_one_computed(
     assert larger["cache"]["hits"]["counted"] == 4
     fresh, _ = run(run_cli, tmp_path, tiny_bert, "counted", "--no-cache", name="fresh.json")
     assert larger["methods"]["counted"]["per_example"] == fresh["methods"]["counted"]["per_example"]
+
+
+def test_a_result_file_cannot_make_the_report_delete_files(tmp_path):
+    """``cached_rows`` follows paths a result file names: a bad entry there is left alone."""
+    from attrib_bench.cache import cached_rows
+
+    victim = tmp_path / "method" / "example.json"
+    victim.parent.mkdir()
+    victim.write_text('{"a user": "file"}')
+    document = {
+        "cache": {"dir": str(tmp_path), "methods": {"m": "method"}, "examples": {"e": "example"}}
+    }
+    assert cached_rows(document, "m", "e") is None
+    assert victim.read_text() == '{"a user": "file"}'

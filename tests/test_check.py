@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attrib_bench.check import compare, paired_bootstrap
+from attrib_bench.check import compare, load_results, paired_bootstrap
 from attrib_bench.errors import ExitCode, UsageError
 
 N = 60
@@ -27,7 +27,8 @@ def document(
     methods = {}
     for spec, values in scores.items():
         finite = [v for v in values if v is not None]
-        summary = {"layer": 1, "mean": float(np.mean(finite)), "std": 0.0, "ci95": [0, 0]}
+        mean = float(np.mean(finite)) if finite else math.nan
+        summary = {"layer": 1, "mean": mean, "std": 0.0, "ci95": [0, 0]}
         methods[spec] = {
             "name": spec.partition(":")[0],
             "plugin": "test",
@@ -123,6 +124,52 @@ def test_examples_are_paired_by_id_not_position(scores):
     assert row.n == 39 and row.delta == 0.0
 
 
+def test_scores_that_became_undefined_fail_the_gate(scores):
+    base = document({"a": list(scores + 0.2)})  # baseline mean about 0.75
+    # Undefined on every example now: nothing is compared, and the gate must not pass.
+    comparison = compare(document({"a": [None] * N}), base)
+    assert comparison.exit_code == ExitCode.REGRESSION
+    (row,) = comparison.regressions
+    assert (row.n, row.undefined, row.undefined_rose) == (0, (0.0, 1.0), True)
+    text = comparison.markdown()
+    assert text.startswith("## ❌ attrib-bench check: 1 regression(s)")
+    assert "| 0 | 0% → 100% | ❌ undefined 0% → 100%; ❌ no example scored in both |" in text
+    assert "no shared scores" not in text and "✅" not in text
+
+    # Undefined on 55 of 60: the 5 left agree with the baseline, but the share rose.
+    comparison = compare(document({"a": [None] * 55 + list(scores[55:] + 0.2)}), base)
+    (row,) = comparison.regressions
+    assert (row.n, row.delta) == (5, 0.0)
+    assert "| 5 | 0% → 92% | ❌ undefined 0% → 92% |" in comparison.markdown()
+
+    # A rise within the tolerance passes; beyond it (here 2 of 60 > 0.02) it does not.
+    one, two = list(scores), list(scores)
+    one[0] = None
+    two[:2] = [None, None]
+    assert compare(document({"a": one}), document({"a": list(scores)})).passed
+    assert not compare(document({"a": two}), document({"a": list(scores)})).passed
+    # A share that fell or stayed the same is fine.
+    assert compare(document({"a": list(scores)}), document({"a": two})).passed
+    assert compare(document({"a": two}), document({"a": two})).passed
+
+
+def test_missing_examples_and_missing_scores_fail_the_gate(scores):
+    ids = [f"ex{i}" for i in range(N)]
+    base = document({"a": list(scores)}, ids)
+    comparison = compare(document({"a": list(scores[:40])}, ids[:40]), base)
+    (row,) = comparison.regressions
+    assert (row.n, row.delta, row.missing) == (40, 0.0, 20)
+    assert "| 40 | 0% | ❌ 20 baseline example(s) missing |" in comparison.markdown()
+    # More examples now than in the baseline is fine.
+    assert compare(base, document({"a": list(scores[:40])}, ids[:40])).passed
+
+    # Scored in the baseline and not at all now (the method still ran): every example undefined.
+    now = copy.deepcopy(base)
+    now["methods"]["a"]["per_example"] = {}
+    (row,) = compare(now, base).regressions
+    assert (row.n, row.undefined) == (0, (0.0, 1.0))
+
+
 def test_failed_removed_added_and_changed_settings_are_reported(scores):
     base = document({"a": list(scores), "b": list(scores), "gone": list(scores)})
     now = document({"a": list(scores), "b": list(scores), "new": list(scores)})
@@ -168,6 +215,31 @@ def test_unusable_inputs_are_usage_errors(scores):
         compare(base, base, tolerance=-1)
 
 
+def test_errors_name_the_file_and_the_field(tmp_path, scores):
+    base = document({"a": list(scores)})
+    summary_only = copy.deepcopy(base)
+    del summary_only["example_ids"]
+    good, summary = write(tmp_path / "good.json", base), write(tmp_path / "sum.json", summary_only)
+    with pytest.raises(UsageError, match=r"^'.*sum\.json' holds summaries only"):
+        compare(load_results(good), load_results(summary))
+    with pytest.raises(UsageError, match=r"^'.*sum\.json' holds summaries only"):
+        compare(load_results(summary), load_results(good))
+
+    texts = copy.deepcopy(base)
+    texts["methods"]["a"]["per_example"]["spearman"]["aggregated"][0][3] = "0.5"
+    with pytest.raises(UsageError) as error:
+        load_results(write(tmp_path / "texts.json", texts))
+    assert str(error.value) == (
+        f"{str(tmp_path / 'texts.json')!r} is not a valid attrib-bench result: "
+        "methods['a'].per_example['spearman'].aggregated[0][3] must be a number or null, "
+        "not '0.5'"
+    )
+    short = copy.deepcopy(base)
+    short["methods"]["a"]["per_example"]["spearman"]["aggregated"][0].pop()
+    with pytest.raises(UsageError, match=r"an array of 60 \(one per example id\)"):
+        compare(short, base)
+
+
 def test_paired_bootstrap_is_seeded_and_brackets_the_mean():
     differences = np.random.default_rng(3).normal(-0.05, 0.1, 200)
     low, high = paired_bootstrap(differences, seed=0)
@@ -176,6 +248,24 @@ def test_paired_bootstrap_is_seeded_and_brackets_the_mean():
     # The half-width shrinks like 1/sqrt(n): about 1.96 standard errors.
     assert high - low == pytest.approx(2 * 1.96 * differences.std() / math.sqrt(200), rel=0.15)
     assert all(math.isnan(v) for v in paired_bootstrap(differences[:1]))
+
+
+def test_the_gate_ci_covers_the_true_difference_at_its_nominal_rate():
+    """200 seeded simulations with a known mean difference: the 95% CI covers it ~95% of runs.
+
+    Binomial sd of the coverage over 200 runs is 1.5 points; [0.90, 0.99] is about 3 sd wide.
+    """
+    rng = np.random.default_rng(11)
+    true_difference, covered = -0.03, 0
+    for repetition in range(200):
+        difficulty = rng.uniform(0.2, 0.9, N)
+        before = difficulty + rng.normal(0, 0.05, N)
+        now = difficulty + true_difference + rng.normal(0, 0.05, N)
+        (row,) = compare(
+            document({"a": list(now)}), document({"a": list(before)}), seed=repetition
+        ).rows
+        covered += row.ci[0] <= true_difference <= row.ci[1]
+    assert 0.90 <= covered / 200 <= 0.99, covered
 
 
 # ------------------------------------------------------------------------------------- the CLI
@@ -269,3 +359,25 @@ def test_a_degraded_plugin_fails_the_gate_and_the_clean_one_passes(
     code, out, _ = run_cli("check", clean, "--baseline", baseline)
     assert code == 0, out
     assert "## ✅ attrib-bench check: no regression" in out
+
+
+def test_an_evaluator_failing_on_one_method_is_a_regression_with_its_error(scores):
+    base = document({"a": list(scores), "b": list(scores)})
+    now = copy.deepcopy(base)
+    del now["methods"]["a"]["scores"]["spearman"], now["methods"]["a"]["per_example"]["spearman"]
+    now["methods"]["a"]["evaluators"] = {
+        "spearman": {"status": "failed", "error": "ValueError: bad shape"}
+    }
+    comparison = compare(now, base)
+    assert comparison.exit_code == ExitCode.REGRESSION
+    assert comparison.failed == {"a (spearman)": "ValueError: bad shape"}
+    assert [r.method for r in comparison.regressions] == ["a"]
+    assert "❌ `a (spearman)`: ValueError: bad shape" in comparison.markdown()
+
+
+def test_undefined_in_both_files_is_reported_not_a_regression(scores):
+    base = document({"a": list(scores), "b": [None] * N})
+    comparison = compare(copy.deepcopy(base), base)
+    assert comparison.passed
+    (row,) = [r for r in comparison.rows if r.method == "b"]
+    assert (row.n, row.undefined) == (0, (1.0, 1.0))

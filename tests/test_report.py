@@ -13,9 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_check import document as check_document
 
 from attrib_bench.cache import NO_CACHE_ENV
-from attrib_bench.report import render_html
+from attrib_bench.check import load_results
+from attrib_bench.errors import UsageError
+from attrib_bench.report import layer_figure, read_attributions, render_html, render_markdown
 
 CHROMIUM = next(
     (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)),
@@ -26,7 +29,7 @@ RUN = ("--limit", "6", "--batch-size", "3", "--quiet")
 
 @pytest.fixture
 def result(tiny_bert, run_cli, tmp_path, monkeypatch) -> Path:
-    """A cached run of two layer-wise methods (the saliency reference runs as a helper)."""
+    """A cached run of two layer-wise methods (the saliency reference and random floor join)."""
     monkeypatch.delenv(NO_CACHE_ENV)
     output = tmp_path / "result.json"
     code, _, err = run_cli(
@@ -61,7 +64,7 @@ def test_html_report_is_self_contained_with_every_part(result, run_cli, tmp_path
     means = {
         s: document["methods"][s]["scores"]["spearman"]["aggregated"][-1]["mean"] for s in order
     }
-    assert set(order) == {"attention", "rollout", "random"}
+    assert set(order) == {"attention", "rollout", "random", "saliency"}  # saliency: the reference
     assert [means[s] for s in order] == sorted(means.values(), reverse=True)
     assert "Leaderboard: spearman vs saliency (local rows)" in html
 
@@ -78,8 +81,7 @@ def test_html_report_is_self_contained_with_every_part(result, run_cli, tmp_path
         table = html[section : html.index("</table>", section)]
         rows = re.findall(r"<tr>(.*?)</tr>", table)
         labels = [re.sub(r"<[^>]+>", "", r.split("</td>")[0]) for r in rows]
-        assert labels[0] == "saliency (reference)"
-        assert set(labels[1:]) == {"attention", "rollout", "random"}
+        assert sorted(labels) == ["attention", "random", "rollout", "saliency"]
         tokens = [spans(r) for r in rows]
         assert tokens[0][0] == "[CLS]" and tokens[0][-1] == "[SEP]"
         assert all(t == tokens[0] for t in tokens)
@@ -147,6 +149,84 @@ def test_report_usage_errors(run_cli, tmp_path, result):
     assert code == 2 and "does not exist" in err
     code, _, err = run_cli("report", result, "--examples", "-1")
     assert code == 2 and "--examples must be at least 0" in err
+
+
+def test_a_bare_or_unscored_result_is_a_usage_error_or_a_report(run_cli, tmp_path):
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"schema_version": 1, "methods": {}}))
+    code, out, err = run_cli("report", bare)
+    assert (code, out) == (2, "")
+    assert err.strip().count("\n") == 0 and str(bare) in err and "'created'" in err
+
+    # Without a display name the model's id titles the report; never "None on None/None".
+    doc = check_document({"a": [0.5, 0.7, 0.6]})
+    del doc["provenance"]["model"]["name"]
+    doc["provenance"]["model"]["id"] = "org/model"
+    for text in (render_markdown(doc), render_html(doc)):
+        assert "attrib-bench: org/model on d/test" in text and "None" not in text.split("\n")[0]
+
+    # Every method failed: the evaluator ran, nothing scored it; the report has no plot.
+    doc["methods"]["a"].update(status="failed", error="RuntimeError: boom", scores={})
+    assert "data:image/png" not in render_html(doc)
+
+
+def styles(figure) -> list[tuple]:
+    """(colour, marker, line style) of each legend entry: lines and whole-model hlines."""
+    from matplotlib.colors import to_hex
+
+    found = []
+    for handle in figure.legends[0].legend_handles:
+        if hasattr(handle, "get_marker"):
+            found.append((to_hex(handle.get_color()), handle.get_marker(), handle.get_linestyle()))
+        else:
+            found.append((to_hex(handle.get_colors()[0]), None, str(handle.get_linestyle()[0])))
+    return found
+
+
+@pytest.mark.parametrize("count", [13, 45])
+def test_every_method_has_its_own_colour_and_style_in_the_layer_plot(count):
+    import matplotlib.pyplot as plt
+
+    specs = [f"m{i}" for i in range(count)]
+    doc = check_document({spec: [0.1 * i, 0.2, 0.3] for i, spec in enumerate(specs)})
+    for i, spec in enumerate(specs):
+        if i % 4:  # three of four methods layered, the others whole-model (one horizontal line)
+            layers = [{"layer": k, "mean": 0.01 * i + k, "ci95": [0, 1], "n": 3} for k in (1, 2)]
+            doc["methods"][spec]["scores"]["spearman"]["aggregated"] = layers
+    figure = layer_figure(doc, "spearman")
+    found = styles(figure)
+    plt.close(figure)
+    assert len(found) == count and len(set(found)) == count
+    if count <= 20:
+        assert len({colour for colour, _, _ in found}) == count
+
+
+def test_malformed_attributions_are_usage_errors(tmp_path):
+    good = {"id": "ex0", "method": "a", "tokens": ["[CLS]", "hi"], "aggregated": [[0.5, None]]}
+    path = tmp_path / "a.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps({"method": "b", "error": "boom"}) + "\n")
+    assert read_attributions(path) == {
+        "ex0": {"a": {"tokens": ["[CLS]", "hi"], "row": [0.5, None]}}
+    }
+    doc = check_document({"a": [0.5]}, ids=["ex0"])
+    assert "`[CLS]` +0.5, `hi` -" in render_markdown(doc, read_attributions(path))
+    for bad in (
+        [1, 2],
+        {**good, "tokens": "hi"},
+        {**good, "aggregated": [["x", 0.1]]},
+        {**good, "aggregated": [0.5]},
+        {**good, "id": ["ex0"]},
+        {key: value for key, value in good.items() if key != "method"},
+    ):
+        path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+        with pytest.raises(UsageError, match=r"^'.*a\.jsonl' line 2 is not an attributions record"):
+            read_attributions(path)
+
+
+def test_the_shipped_results_still_load_and_render():
+    for name in ("evaluators_sst2", "globenc_sst2", "sst2_dev200"):
+        doc = load_results(Path(__file__).parents[1] / "benchmarks" / "results" / f"{name}.json")
+        assert render_markdown(doc).startswith("# attrib-bench: ")
 
 
 @pytest.mark.skipif(

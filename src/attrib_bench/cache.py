@@ -217,8 +217,10 @@ def atomic_write(path: Path, text: str) -> None:
         raise
 
 
-def read_entry(path: Path) -> dict[str, Any] | None:
-    """An entry's payload; None when absent. A corrupt entry is reported and deleted."""
+def read_entry(path: Path, repair: bool = True) -> dict[str, Any] | None:
+    """An entry's payload; None when absent or corrupt. With ``repair`` (a run's own cache) a
+    corrupt entry is reported and deleted; without (a path read from a result file, which may
+    point anywhere) nothing is deleted."""
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -228,8 +230,9 @@ def read_entry(path: Path) -> dict[str, Any] | None:
     try:
         return _decode(text)
     except ValueError as error:
-        console.warn(f"corrupt cache entry {path} ({error}): deleted, it will be recomputed")
-        path.unlink(missing_ok=True)
+        if repair:
+            console.warn(f"corrupt cache entry {path} ({error}): deleted, it will be recomputed")
+            path.unlink(missing_ok=True)
         return None
 
 
@@ -428,7 +431,7 @@ def cached_rows(document: Mapping[str, Any], spec: str, example_id: str) -> dict
     example = (section.get("examples") or {}).get(example_id)
     if not method_key or not example:
         return None
-    return read_entry(Path(section["dir"]) / method_key / f"{example}.json")
+    return read_entry(Path(section["dir"]) / method_key / f"{example}.json", repair=False)
 
 
 def clear(include_models: bool = False) -> tuple[int, int]:

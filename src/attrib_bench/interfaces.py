@@ -166,9 +166,18 @@ class Evaluator(Protocol):
     """Scores an attribution per example; the runner summarises (mean, std, CI) per layer.
 
     ``score`` returns, for each kind it scores ("aggregated", "local"), an array (L, B) of
-    per-example scores; NaN marks an example that cannot be scored (it is counted, not averaged).
-    Optional attributes: ``higher_is_better`` (default True: how leaderboards sort) and
-    ``in_default_run`` (default True; False: runs only when selected, for costly evaluators).
+    per-example scores, L the rows it scored (1 when it reads one row); NaN marks an example
+    that cannot be scored (it is counted, not averaged). The runner checks the shape; a wrong
+    one, or an exception, fails this (method, evaluator) pair only, while a UsageError (settings
+    that cannot work: no mask token, no rationales) fails the evaluator for every method.
+
+    Optional attributes: ``higher_is_better`` (default True: how leaderboards sort and which
+    way the gate looks), ``in_default_run`` (default True; False: runs only when selected, for
+    costly evaluators), and for a corpus-level score that is not a mean of per-example values
+    (ERASER's macro F1) ``parts`` (names of extra columns ``score`` returns as ``kind/part``
+    arrays (L, B)) with ``aggregate(values_EP) -> float`` (the score of the examples given, one
+    row each with its parts): the runner reports ``aggregate`` of the defined examples, and its
+    CI by bootstrapping examples.
     """
 
     name: str

@@ -6,6 +6,9 @@ from the network and runs no script. The result JSON has no token-level attribut
 heatmaps come from ``--attributions FILE.jsonl`` (written by ``attrib-bench attribute``) when
 given, else from the run's cache entries (the result's ``cache`` section points at them); with
 neither, the report says so and shows everything else.
+
+Documents are read as ``attrib_bench.check.load_results`` returns them: validated there, so that
+every field used here has its type (the one place both commands check a result file).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from attrib_bench.check import Schema
 from attrib_bench.errors import UsageError
 
 DEFAULT_EXAMPLES = 6
@@ -135,6 +139,8 @@ def read_attributions(path: Path | str) -> dict[str, dict[str, dict[str, Any]]]:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
         raise UsageError(f"attributions file {str(path)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"attributions file {str(path)!r} is unreadable ({error})") from None
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -142,12 +148,20 @@ def read_attributions(path: Path | str) -> dict[str, dict[str, dict[str, Any]]]:
             record = json.loads(line)
         except json.JSONDecodeError:
             raise UsageError(f"{str(path)!r} line {number} is not JSON") from None
+        schema = Schema(f"{str(path)!r} line {number} is not an attributions record")
+        schema.object(record, "the line")
         if "id" not in record or not record.get("aggregated"):
             continue  # a failed method's error record
-        table.setdefault(str(record["id"]), {})[record["method"]] = {
-            "tokens": record["tokens"],
-            "row": record["aggregated"][-1],
-        }
+        tokens = schema.array(schema.field(record, "tokens", "the record"), "tokens")
+        for index, token in enumerate(tokens):
+            schema.string(token, f"tokens[{index}]")
+        layers = schema.array(record["aggregated"], "aggregated")
+        row = schema.array(layers[-1], f"aggregated[{len(layers) - 1}]")
+        for index, value in enumerate(row):
+            schema.optional_number(value, f"aggregated[{len(layers) - 1}][{index}]")
+        example = schema.string(record["id"], "id")
+        method = schema.string(schema.field(record, "method", "the record"), "method")
+        table.setdefault(example, {})[method] = {"tokens": tokens, "row": row}
     return table
 
 
@@ -200,8 +214,28 @@ def _reference_rows(document: Mapping[str, Any], example_ids: Sequence[str]) -> 
 # ----------------------------------------------------------------------------------- plots
 
 
-def layer_plot(document: Mapping[str, Any], evaluator: str) -> bytes:
-    """Per-layer mean with its 95% CI band, one panel per kind; whole-model methods dashed."""
+#: Markers of layered methods and dash patterns of whole-model ones, one per pass through the
+#: palette: a method shares its colour with another only once twenty methods are plotted, and
+#: never its colour and its marker or dashes.
+MARKERS = "osD^v"
+DASHES = ("--", "-.", ":", (0, (6, 2, 1, 2, 1, 2)), (0, (1, 4)))
+
+
+def plot_styles(specs: Sequence[str], palette: Sequence[Any]) -> dict[str, tuple[Any, str, Any]]:
+    """Method spec -> (colour, marker, dashes), in ``specs`` order: palette first, then markers."""
+    styles = {}
+    for index, spec in enumerate(specs):
+        round_ = index // len(palette)
+        styles[spec] = (
+            palette[index % len(palette)],
+            MARKERS[round_ % len(MARKERS)],
+            DASHES[round_ % len(DASHES)],
+        )
+    return styles
+
+
+def layer_figure(document: Mapping[str, Any], evaluator: str) -> Any:
+    """The per-layer figure: mean with its 95% CI band, one panel per kind; whole-model dashed."""
     try:
         import matplotlib
     except ImportError:
@@ -215,7 +249,6 @@ def layer_plot(document: Mapping[str, Any], evaluator: str) -> bytes:
 
     kinds = _kinds(document, evaluator)
     figure, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds) + 2.5, 4.4), squeeze=False)
-    colours = plt.get_cmap("tab10").colors
     depth = max(
         (
             len(layers)
@@ -224,27 +257,29 @@ def layer_plot(document: Mapping[str, Any], evaluator: str) -> bytes:
         ),
         default=1,
     )
-    # One style per method in both panels, in the first panel's ranking: ten distinct colours,
-    # then the same colours with other markers.
-    order = ranked(document, evaluator, kinds[0])
-    colour_of = {spec: colours[index % len(colours)] for index, spec in enumerate(order)}
-    marker_of = {spec: "osD^v"[(index // len(colours)) % 5] for index, spec in enumerate(order)}
+    # One style per method in both panels, in the first panel's ranking; only methods with a
+    # line take a colour. tab20 is tab10's ten colours, each with a lighter shade.
+    tab20 = plt.get_cmap("tab20").colors
+    plotted = [
+        spec
+        for spec in ranked(document, evaluator, kinds[0])
+        if any(document["methods"][spec].get("scores", {}).get(evaluator, {}).values())
+    ]
+    styles = plot_styles(plotted, [*tab20[0::2], *tab20[1::2]])
     for axis, kind in zip(axes[0], kinds, strict=True):
         for spec in ranked(document, evaluator, kind):
             layers = document["methods"][spec].get("scores", {}).get(evaluator, {}).get(kind)
             if not layers:
                 continue
-            colour = colour_of[spec]
+            colour, marker, dashes = styles[spec]
             means = [x["mean"] if _finite(x["mean"]) else math.nan for x in layers]
             if len(layers) == 1:
-                axis.hlines(means[0], 1, depth, colors=[colour], linestyles="--", label=spec)
+                axis.hlines(means[0], 1, depth, colors=[colour], linestyles=[dashes], label=spec)
                 continue
             numbers = [x["layer"] for x in layers]
             low = [x["ci95"][0] if _finite(x["ci95"][0]) else math.nan for x in layers]
             high = [x["ci95"][1] if _finite(x["ci95"][1]) else math.nan for x in layers]
-            axis.plot(
-                numbers, means, marker=marker_of[spec], markersize=3, color=colour, label=spec
-            )
+            axis.plot(numbers, means, marker=marker, markersize=3, color=colour, label=spec)
             axis.fill_between(numbers, low, high, color=colour, alpha=0.15, linewidth=0)
         axis.axhline(0, color="grey", linewidth=0.6)
         axis.set_xlabel("layer")
@@ -255,6 +290,14 @@ def layer_plot(document: Mapping[str, Any], evaluator: str) -> bytes:
     handles, labels = axes[0][0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
     figure.tight_layout(rect=(0, 0, 0.8, 1))
+    return figure
+
+
+def layer_plot(document: Mapping[str, Any], evaluator: str) -> bytes:
+    """:func:`layer_figure` as a PNG."""
+    import matplotlib.pyplot as plt
+
+    figure = layer_figure(document, evaluator)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
     plt.close(figure)
@@ -392,6 +435,13 @@ def _heatmaps_html(
     return "".join(parts)
 
 
+def _title(document: Mapping[str, Any]) -> str:
+    """``attrib-bench: MODEL on DATASET/SPLIT``; the model's id when it has no display name."""
+    model = document["provenance"]["model"]
+    data = document["provenance"]["dataset"]
+    return f"attrib-bench: {model.get('name', model['id'])} on {data['name']}/{data['split']}"
+
+
 def _examples(document: Mapping[str, Any], count: int) -> list[str]:
     return [str(i) for i in (document.get("example_ids") or [])[:count]]
 
@@ -402,9 +452,7 @@ def render_html(
     examples: int = DEFAULT_EXAMPLES,
 ) -> str:
     """The whole report as one HTML string (inline CSS, PNGs as data URIs)."""
-    provenance = document.get("provenance", {})
-    model = provenance.get("model", {})
-    data = provenance.get("dataset", {})
+    data = document["provenance"]["dataset"]
     evaluators = ok_evaluators(document)
     sections = []
     for evaluator in evaluators:
@@ -419,7 +467,7 @@ def render_html(
                 f'<p class="failed">Evaluator <code>{_escape(name)}</code> failed: '
                 f"{_escape(state['error'])}</p>"
             )
-    for evaluator in evaluators:
+    for evaluator in [name for name in evaluators if _kinds(document, name)]:
         png = base64.b64encode(layer_plot(document, evaluator)).decode()
         sections.append(
             f"<h2>Per layer: {_escape(evaluator)}</h2>"
@@ -436,7 +484,7 @@ def render_html(
         for k, v in _provenance_rows(document)
     )
     sections.append(f"<h2>Provenance</h2><table>{provenance_table}</table>")
-    title = f"attrib-bench: {model.get('name', 'model')} on {data.get('name')}/{data.get('split')}"
+    title = _title(document)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{_escape(title)}</title><style>{CSS}</style></head><body>"
@@ -457,11 +505,9 @@ def render_markdown(
     top: int = 5,
 ) -> str:
     """The report as Markdown: leaderboards, per-layer means, top tokens, provenance."""
-    provenance = document.get("provenance", {})
-    data = provenance.get("dataset", {})
-    model = provenance.get("model", {})
+    data = document["provenance"]["dataset"]
     lines = [
-        f"# attrib-bench: {model.get('name')} on {data.get('name')}/{data.get('split')}",
+        f"# {_title(document)}",
         "",
         f"n = {data.get('examples')} examples, reference `{document.get('reference')}`, "
         f"created {document.get('created')}.",
@@ -517,7 +563,10 @@ def render_markdown(
                     zip(entry["tokens"], entry["row"], strict=False),
                     key=lambda pair: -abs(pair[1]) if _finite(pair[1]) else 0.0,
                 )[:top]
-                shown = ", ".join(f"`{token}` {value:+.3g}" for token, value in pairs)
+                shown = ", ".join(
+                    f"`{token}` " + (f"{value:+.3g}" if _finite(value) else "-")
+                    for token, value in pairs
+                )
                 lines.append(f"| `{spec}` | {shown} |")
             lines.append("")
     lines += ["## Provenance", ""]
