@@ -1,7 +1,10 @@
-"""Shared fixtures: tiny random BERT and RoBERTa classifiers saved offline, the real MiniLM."""
+"""Shared fixtures: tiny random BERT and RoBERTa classifiers saved offline, the real MiniLM, and
+the default model (MiniLM fine-tuned on the generated data) made once per session."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -10,6 +13,13 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# torch's OpenMP threads spin while they wait for work. On a machine whose cores other jobs share
+# the spinning thread starves the one it waits for: at a load of 2 on 2 cores a tiny model's
+# forward pass took 0.26 s instead of 1.3 ms, a MiniLM training step 6x longer. Waiting
+# passively keeps the thread count and the work split, so every number is bit for bit the same
+# (the fine-tuned default model's weights included). It must be set before torch is first
+# imported, as it is here.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -92,9 +102,65 @@ def isolated_cache(tmp_path, monkeypatch):
 
     The per-example result cache is off too, so a test that runs twice compares two
     computations; tests of the cache itself turn it back on (``monkeypatch.delenv``).
+    A test that fine-tunes the default model into its own cache (minutes on a loaded machine)
+    fails: it should take the session's copy with the ``default_model`` fixture.
     """
-    monkeypatch.setenv("ATTRIB_BENCH_CACHE", str(tmp_path / "cache"))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ATTRIB_BENCH_CACHE", str(cache))
     monkeypatch.setenv("ATTRIB_BENCH_NO_CACHE", "1")
+    yield cache
+    retrained = [d.name for d in _default_models(cache / "models") if not d.is_symlink()]
+    assert not retrained, (
+        f"this test fine-tuned the default model again ({', '.join(retrained)}): "
+        "request the session's copy with the `default_model` fixture"
+    )
+
+
+def _default_models(models: Path) -> list[Path]:
+    """The fine-tuned models in a cache's models folder made by the default recipe."""
+    found = []
+    for metadata in sorted(models.glob("*/attrib_bench_finetune.json")) if models.is_dir() else []:
+        config = json.loads(metadata.read_text())["config"]
+        if config["dataset"] == "default" and Path(config["model"]) == Path(minilm_path()):
+            found.append(metadata.parent)
+    return found
+
+
+def _tree_digest(directory: Path) -> str:
+    digest = hashlib.sha256()
+    for file in sorted(p for p in directory.rglob("*") if p.is_file()):
+        digest.update(str(file.relative_to(directory)).encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+@pytest.fixture(scope="session")
+def shared_default_model(tmp_path_factory) -> tuple[Path, str]:
+    """The default model, fine-tuned once per session by ``ensure_default_model``: the very
+    function (and so the recipe and cache key) that a plain ``attrib-bench run`` uses.
+
+    Returns its folder in a session cache and a digest of its files. Tests take it through
+    ``default_model``, which checks that they leave it unchanged.
+    """
+    from attrib_bench.model.finetune import ensure_default_model
+
+    cache = tmp_path_factory.mktemp("default-model-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTRIB_BENCH_CACHE", str(cache))
+        model_dir = ensure_default_model("auto", quiet=True)
+    return model_dir, _tree_digest(model_dir)
+
+
+@pytest.fixture
+def default_model(shared_default_model, isolated_cache) -> Path:
+    """This test's empty cache, plus the session's fine-tuned default model linked into its
+    ``models`` folder (read-only: a test that changes the model's files fails)."""
+    model_dir, digest = shared_default_model
+    models = isolated_cache / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    (models / model_dir.name).symlink_to(model_dir, target_is_directory=True)
+    yield model_dir
+    assert _tree_digest(model_dir) == digest, "a test changed the shared fine-tuned default model"
 
 
 @pytest.fixture

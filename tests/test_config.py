@@ -156,23 +156,32 @@ def test_shipped_configs_are_valid():
             registry.evaluator(spec)
 
 
-def test_the_globenc_config_is_the_benchmark_script(monkeypatch):
-    """Same fine-tuning inputs (so the same cached model), data and methods as the script."""
-    from attrib_bench.model.finetune import FinetuneConfig, cache_key, default_model_source
+def _same_path(a: str | None, b: str | Path) -> bool:
+    return a is not None and Path(a).resolve() == Path(b).resolve()
+
+
+def test_the_globenc_config_is_the_benchmark_script():
+    """Same fine-tuning inputs, data and methods as the script.
+
+    Paths are compared resolved: the config resolves symlinks, the script does not, and
+    ``../shared`` may be one.
+    """
+    from attrib_bench.model.finetune import FinetuneConfig, default_model_source
     from attrib_bench.run import RunConfig
 
     script = _script(BENCHMARKS / "globenc_sst2.py")
     plan = make_plan(BENCHMARKS / "globenc_sst2.toml", {})
+    assert _same_path(plan.finetune.dataset, script.SST2)
+    assert _same_path(plan.config.dataset, script.SST2)
     expected = FinetuneConfig(
-        model=default_model_source(), dataset=str(script.SST2), split="train", limit=20000
+        model=default_model_source(), dataset=plan.finetune.dataset, split="train", limit=20000
     )
     assert plan.finetune == expected
-    assert cache_key(plan.finetune, "data") == cache_key(expected, "data")
     specs = [name for name, _, _ in script.VARIANTS] + [
         f"{base}:residual={r}" for base in ("rollout", "norm-fixedres") for r in script.SWEEP
     ]
     assert plan.config == RunConfig(
-        dataset=str(script.SST2),
+        dataset=plan.config.dataset,
         split="dev",
         attributors=specs,
         evaluators=["spearman"],
@@ -180,3 +189,31 @@ def test_the_globenc_config_is_the_benchmark_script(monkeypatch):
         batch_size=32,
         device="cpu",
     )
+
+
+def test_the_globenc_config_shares_the_scripts_cached_model():
+    from attrib_bench.model.finetune import FinetuneConfig, cache_key, default_model_source
+
+    script = _script(BENCHMARKS / "globenc_sst2.py")
+    plan = make_plan(BENCHMARKS / "globenc_sst2.toml", {})
+    as_the_script = FinetuneConfig(
+        model=default_model_source(), dataset=str(script.SST2), split="train", limit=20000
+    )
+    # The config resolves ../shared (a symlink on some machines), the script does not: the key
+    # must not depend on the spelling.
+    assert cache_key(plan.finetune, "data") == cache_key(as_the_script, "data")
+
+
+def test_one_local_dataset_has_one_fingerprint_however_it_is_spelt(tmp_path, monkeypatch):
+    from attrib_bench.data.load import load_examples
+    from attrib_bench.model.finetune import FinetuneConfig, cache_key
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "train.tsv").write_text("sentence\tlabel\ngood\t1\nbad\t0\n")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    monkeypatch.chdir(tmp_path)
+    spellings = [str(tmp_path / "real"), "real", "link", "./link/../real"]
+    fingerprints = {load_examples(name, "train").fingerprint for name in spellings}
+    assert len(fingerprints) == 1
+    keys = {cache_key(FinetuneConfig(model="m", dataset=name), "data") for name in spellings}
+    assert len(keys) == 1

@@ -1,14 +1,77 @@
-"""Cost columns (seconds and peak memory per method), the random floor, opt-in evaluators."""
+"""Cost columns (seconds and peak memory per method), the random floor, opt-in evaluators.
+
+The cost tests run methods of known cost through ``attrib-bench run``: one that sleeps a known
+time, one that allocates a known tensor, and two that share one intermediate of known time and
+size (README, "Cost columns": every method is charged its standalone cost).
+"""
 
 from __future__ import annotations
 
 import json
+import textwrap
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from attrib_bench.memory import PeakMemory, standalone_megabytes, tensor_megabytes
+
+SLEEP_PER_EXAMPLE = 0.1  # seconds
+ALLOCATED_MB = 64
+SHARED_SLEEP_PER_EXAMPLE = 0.05  # seconds, to compute the shared intermediate
+SHARED_MB = 32
+
+COST_PLUGIN = f"""
+import time
+
+import torch
+
+import attrib_bench
+
+
+class KnownCost:
+    requires = frozenset()
+
+    def __init__(self, name, work):
+        self.name = name
+        self.description = f"Position decay at a known cost ({{name}})"
+        self.work = work
+
+    def attribute(self, trace):
+        self.work(trace)
+        positions = torch.arange(trace.mask_BN.shape[1], dtype=torch.float32)
+        rows_BN = (1.0 / (1.0 + positions)).expand(trace.mask_BN.shape) * trace.mask_BN
+        return attrib_bench.Attribution(aggregated_BLN=rows_BN[:, None, :])
+
+
+def sleep(trace):
+    time.sleep({SLEEP_PER_EXAMPLE} * len(trace.batch.examples))
+
+
+def allocate(trace):
+    block = torch.ones({ALLOCATED_MB} * 2**20 // 4)  # float32, every page touched
+    time.sleep(0.02)  # held well past the sampler's millisecond
+    del block
+
+
+def shared(trace):
+    def compute():
+        time.sleep({SHARED_SLEEP_PER_EXAMPLE} * len(trace.batch.examples))
+        return torch.ones({SHARED_MB} * 2**20 // 4)
+
+    trace.memo("test-shared", compute)
+
+
+@attrib_bench.hookimpl
+def attrib_bench_attributors():
+    return [
+        KnownCost("idle", lambda trace: None),
+        KnownCost("sleeps", sleep),
+        KnownCost("allocates", allocate),
+        KnownCost("shared-first", shared),
+        KnownCost("shared-second", shared),
+    ]
+"""
 
 
 def test_peak_memory_sees_an_allocation_freed_before_the_end():
@@ -44,19 +107,79 @@ def run(run_cli, tmp_path, *args):
     return json.loads(output.read_text()), out
 
 
+@pytest.fixture(scope="module")
+def known_costs(tiny_bert, tmp_path_factory):
+    """One run of the known-cost methods: 4 examples in 2 batches, in the order listed."""
+    from attrib_bench.cli import main
+
+    folder = tmp_path_factory.mktemp("cost")
+    plugin = folder / "cost_plugin.py"
+    plugin.write_text(textwrap.dedent(COST_PLUGIN))
+    output = folder / "result.json"
+    args = ["--model", tiny_bert, "--plugin", plugin, "--limit", "4", "--batch-size", "2"]
+    methods = "idle,sleeps,allocates,shared-first,shared-second"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTRIB_BENCH_CACHE", str(folder / "cache"))
+        patch.setenv("ATTRIB_BENCH_NO_CACHE", "1")
+        code = main(
+            ["run", *map(str, args), "--attributors", methods, "--quiet", "--output", str(output)]
+        )
+    assert code == 0
+    return json.loads(output.read_text())["methods"]
+
+
+def test_seconds_per_example_charge_a_methods_own_time(known_costs):
+    idle, sleeps = known_costs["idle"], known_costs["sleeps"]
+    # Both carry the same shared forward pass; the difference is the sleep, per example (give or
+    # take idle's own few milliseconds and the scheduler's wake-up latency).
+    own = sleeps["seconds_per_example"] - idle["seconds_per_example"]
+    assert SLEEP_PER_EXAMPLE * 0.9 <= own < SLEEP_PER_EXAMPLE * 1.5
+    assert idle["seconds_per_example"] > 0  # the forward pass, whose time depends on the load
+
+
+def test_peak_memory_is_what_a_method_allocates(known_costs):
+    assert ALLOCATED_MB * 0.95 <= known_costs["allocates"]["peak_memory_mb"] < ALLOCATED_MB * 1.25
+    for name in ("idle", "sleeps"):
+        assert known_costs[name]["peak_memory_mb"] < 4, name
+
+
+def test_a_shared_intermediate_is_charged_to_every_method_that_reads_it(known_costs):
+    """Computed by whichever method runs first, charged in time and memory to both."""
+    idle = known_costs["idle"]["seconds_per_example"]
+    first, second = known_costs["shared-first"], known_costs["shared-second"]
+    for method in (first, second):
+        charged = method["seconds_per_example"] - idle
+        assert SHARED_SLEEP_PER_EXAMPLE * 0.9 <= charged < SHARED_SLEEP_PER_EXAMPLE * 1.5
+        assert SHARED_MB * 0.95 <= method["peak_memory_mb"] < SHARED_MB * 1.25
+    # The reader is charged the tensor it read exactly, plus its own (tiny) peak.
+    assert SHARED_MB <= second["peak_memory_mb"] < SHARED_MB + 2
+
+
 def test_cost_columns_and_the_random_floor(tiny_bert, run_cli, tmp_path, monkeypatch):
+    from attrib_bench.plugins import load_registry
+
     monkeypatch.setenv("COLUMNS", "250")
     document, out = run(run_cli, tmp_path, "--model", tiny_bert, "--attributors", "attention")
-    assert list(document["methods"]) == ["attention", "random"]
+    # The reference and the floor join the table unselected, each marked as such.
+    assert list(document["methods"]) == ["attention", "saliency", "random"]
     assert document["methods"]["random"]["added_as_floor"] is True
+    assert document["methods"]["saliency"]["added_as_reference"] is True
     assert document["methods"]["attention"]["added_as_floor"] is False
+    assert document["methods"]["attention"]["added_as_reference"] is False
+    assert "random: added as the floor" in out
+    # The table shows the JSON's cost columns.
+    header = next(line for line in out.splitlines() if "method" in line)
+    assert "s/ex" in header and "peak MB" in header
     attention = document["methods"]["attention"]
-    assert attention["peak_memory_mb"] > 0 and attention["seconds_per_example"] > 0
-    assert "peak MB" in out and "s/ex" in out and "random: added as the floor" in out
+    row = next(line for line in out.splitlines() if line.startswith("│ attention "))
+    cells = [cell.strip() for cell in row.split("│")]
+    assert f"{attention['seconds_per_example']:.4f}" in cells
+    assert f"{attention['peak_memory_mb']:.1f}" in cells
     # Only spearman runs by default: the costly evaluators are opt-in.
     assert set(document["evaluators"]) == {"spearman"}
+    spearman = load_registry().evaluator("spearman")
     assert document["evaluator_info"]["spearman"] == {
-        "description": document["evaluator_info"]["spearman"]["description"],
+        "description": spearman.description,
         "needs_reference": True,
         "higher_is_better": True,
     }
@@ -66,7 +189,7 @@ def test_selected_random_is_not_marked_added(tiny_bert, run_cli, tmp_path):
     document, out = run(
         run_cli, tmp_path, "--model", tiny_bert, "--attributors", "random,attention"
     )
-    assert list(document["methods"]) == ["random", "attention"]
+    assert list(document["methods"]) == ["random", "attention", "saliency"]
     assert not any(m["added_as_floor"] for m in document["methods"].values())
     assert "added as the floor" not in out
 

@@ -60,6 +60,7 @@ def _pick_split(available: list[str], split: str | None, name: str) -> str:
 
 
 def _load_local(path: Path, split: str | None) -> tuple[datasets.Dataset, str]:
+    path = path.resolve()  # the datasets fingerprint hashes the path: one spelling per file
     if path.is_file():
         files = {path.stem: path}
     else:

@@ -19,7 +19,7 @@ import torch
 
 from attrib_bench import console
 from attrib_bench.data.batches import make_batches
-from attrib_bench.data.load import LoadedData, load_examples
+from attrib_bench.data.load import DEFAULT_DATASET, LoadedData, load_examples
 from attrib_bench.errors import UsageError
 from attrib_bench.model.load import LoadedModel, load_model
 
@@ -73,8 +73,20 @@ def _source_fingerprint(model: str) -> str:
     return digest.hexdigest()
 
 
+def _local_path(name: str | None) -> str | None:
+    """A local dataset path however it is spelt (relative, through a symlink), so that one
+    dataset gives one cache key; hub ids and ``default`` unchanged."""
+    if name in (None, DEFAULT_DATASET) or not Path(name).expanduser().exists():
+        return name
+    return str(Path(name).expanduser().resolve())
+
+
 def cache_key(config: FinetuneConfig, data_fingerprint: str) -> str:
-    fields = {**asdict(config), "model": _source_fingerprint(config.model)}
+    fields = {
+        **asdict(config),
+        "model": _source_fingerprint(config.model),
+        "dataset": _local_path(config.dataset),
+    }
     payload = json.dumps([FINETUNE_VERSION, fields, data_fingerprint], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
