@@ -14,62 +14,11 @@ Examples run one at a time on their real tokens, so padding never enters.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
 import torch
-from torch.func import jacrev
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, Trace
-
-if TYPE_CHECKING:  # model.load imports transformers: `attrib-bench list` should not
-    from attrib_bench.model.load import LoadedModel
-
-
-def hidden_states_from(loaded: LoadedModel, x_ND: torch.Tensor, layers: int) -> torch.Tensor:
-    """e^layers for one unpadded example, running the encoder layers on its embedding output."""
-    hidden = x_ND[None]
-    for module in loaded.adapter.layers[:layers]:
-        out = module(hidden)
-        hidden = out[0] if isinstance(out, tuple) else out
-    return hidden[0]
-
-
-def contributions(
-    loaded: LoadedModel,
-    x_ND: torch.Tensor,
-    norm: str = "frobenius",
-    targets: Sequence[int] = (0,),
-    chunk_size: int = 256,
-) -> torch.Tensor:
-    """c^l_ji for l = 1..L, every target token j and input token i: (L, len(targets), n).
-
-    Rows sum to 1. Frobenius works one target at a time so that a Jacobian never exceeds
-    d x n x d numbers.
-    """
-    layers = len(loaded.adapter.layers)
-    x_ND = x_ND.detach()
-    index = torch.tensor(list(targets), device=x_ND.device)
-    rows = []
-    for layer in range(1, layers + 1):
-        if norm == "frobenius":
-            per_target = []
-            for j in targets:
-                jacobian_DND = jacrev(
-                    lambda x, j=j, layer=layer: hidden_states_from(loaded, x, layer)[j],
-                    chunk_size=chunk_size,
-                )(x_ND)
-                per_target.append(jacobian_DND.pow(2).sum(dim=(0, 2)).sqrt())
-            norms_JN = torch.stack(per_target)
-        else:
-            jacobian_JND = jacrev(
-                lambda x, layer=layer: hidden_states_from(loaded, x, layer)[index].sum(-1),
-                chunk_size=chunk_size,
-            )(x_ND)
-            norms_JN = jacobian_JND.norm(dim=-1)
-        rows.append((norms_JN / norms_JN.sum(dim=-1, keepdim=True)).detach())
-    return torch.stack(rows)
+from attrib_bench.token_contributions import contributions
 
 
 class HiddenTokenAttribution(Configurable):

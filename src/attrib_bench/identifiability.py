@@ -29,6 +29,7 @@ from attrib_bench.data.load import load_examples
 from attrib_bench.errors import UsageError
 from attrib_bench.model.load import LoadedModel, load_model
 from attrib_bench.model.trace import trace_batch
+from attrib_bench.token_contributions import contributions
 
 LEARNING_RATES = (3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5, 3e-6)
 MAPS = ("linear-l2", "linear-cosine", "mlp-l2", "mlp-cosine")
@@ -195,8 +196,6 @@ def identifiability(loaded: LoadedModel, sentences: list, config: Identifiabilit
 
 def hta_analysis(loaded: LoadedModel, sentences: list, config: IdentifiabilityConfig) -> dict:
     """Own-token contribution, own-is-top share and contribution by distance, per layer."""
-    from attrib_bench_plugins.hta import contributions
-
     chosen = sentences[: config.hta_limit]
     layers = sentences[0].shape[0] - 1
     own = [[] for _ in range(layers)]

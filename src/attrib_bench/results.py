@@ -11,8 +11,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from rich.table import Table
+
+from attrib_bench.interfaces import KINDS
+from attrib_bench.stats import summarize, summarize_corpus
 
 if TYPE_CHECKING:
     from attrib_bench.run import MethodState, Prepared, RunConfig
@@ -50,7 +54,6 @@ def build_result(
     evaluator_errors: dict[str, str],
 ) -> dict[str, Any]:
     from attrib_bench.data.rationales import rationale_words_lost
-    from attrib_bench.run import summarize_scores
 
     registry = prepared.registry
     example_ids = [e.id for e in prepared.data.examples]
@@ -137,6 +140,38 @@ def build_result(
         "example_ids": example_ids,
         "methods": method_docs,
     }
+
+
+def summarize_scores(
+    method: MethodState, example_ids: list[str], seed: int, evaluators: dict[str, Any]
+) -> tuple[dict, dict]:
+    """Per evaluator and kind: per-layer summaries, and the per-example scores in data order.
+
+    An evaluator with ``parts`` is summarised by its ``aggregate`` over the parts' columns (a
+    corpus-level score such as ERASER's macro F1), not by the mean of its per-example scores.
+    """
+    summaries: dict[str, dict[str, list]] = {}
+    per_example: dict[str, dict[str, list]] = {}
+    for name, kinds in method.scores.items():
+        parts = tuple(getattr(evaluators.get(name), "parts", ()))
+        for kind in KINDS:
+            if kind not in kinds:
+                continue
+            matrix = np.stack([kinds[kind][i] for i in example_ids], axis=1)  # (L, examples)
+            if parts:
+                columns = [[kinds[f"{kind}/{p}"][i] for i in example_ids] for p in parts]
+                parts_LEP = np.stack(columns, axis=-1).transpose(1, 0, 2)
+                aggregate = evaluators[name].aggregate
+                layers = [summarize_corpus(values_EP, aggregate, seed) for values_EP in parts_LEP]
+            else:
+                layers = [summarize(row, seed) for row in matrix]
+            summaries.setdefault(name, {})[kind] = [
+                {"layer": layer + 1, **summary} for layer, summary in enumerate(layers)
+            ]
+            per_example.setdefault(name, {})[kind] = [
+                [None if np.isnan(v) else float(v) for v in row] for row in matrix
+            ]
+    return summaries, per_example
 
 
 def _pair_status(method: MethodState, evaluator: str) -> dict[str, Any]:

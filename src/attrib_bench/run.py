@@ -25,7 +25,7 @@ from attrib_bench.memory import PeakMemory, standalone_megabytes
 from attrib_bench.model.load import LoadedModel, load_model
 from attrib_bench.model.trace import Trace, trace_batch
 from attrib_bench.plugins import Registry, Spec, load_registry
-from attrib_bench.stats import summarize, summarize_corpus
+from attrib_bench.results import build_result
 
 DEFAULT_REFERENCE = "saliency"
 #: The attributor every leaderboard carries as its floor (added when not selected).
@@ -279,7 +279,6 @@ def run_benchmark(config: RunConfig, quiet: bool = False, cache: bool = True) ->
     the examples a smaller one computed.
     """
     from attrib_bench import cache as result_cache
-    from attrib_bench.results import build_result
 
     torch.manual_seed(config.seed)
     prepared = prepare(config, quiet)
@@ -368,35 +367,3 @@ def _evaluate(
             console.warn(
                 f"evaluator {name} failed on {method.spec}: {method.evaluator_errors[name]}"
             )
-
-
-def summarize_scores(
-    method: MethodState, example_ids: list[str], seed: int, evaluators: dict[str, Any]
-) -> tuple[dict, dict]:
-    """Per evaluator and kind: per-layer summaries, and the per-example scores in data order.
-
-    An evaluator with ``parts`` is summarised by its ``aggregate`` over the parts' columns (a
-    corpus-level score such as ERASER's macro F1), not by the mean of its per-example scores.
-    """
-    summaries: dict[str, dict[str, list]] = {}
-    per_example: dict[str, dict[str, list]] = {}
-    for name, kinds in method.scores.items():
-        parts = tuple(getattr(evaluators.get(name), "parts", ()))
-        for kind in KINDS:
-            if kind not in kinds:
-                continue
-            matrix = np.stack([kinds[kind][i] for i in example_ids], axis=1)  # (L, examples)
-            if parts:
-                columns = [[kinds[f"{kind}/{p}"][i] for i in example_ids] for p in parts]
-                parts_LEP = np.stack(columns, axis=-1).transpose(1, 0, 2)
-                aggregate = evaluators[name].aggregate
-                layers = [summarize_corpus(values_EP, aggregate, seed) for values_EP in parts_LEP]
-            else:
-                layers = [summarize(row, seed) for row in matrix]
-            summaries.setdefault(name, {})[kind] = [
-                {"layer": layer + 1, **summary} for layer, summary in enumerate(layers)
-            ]
-            per_example.setdefault(name, {})[kind] = [
-                [None if np.isnan(v) else float(v) for v in row] for row in matrix
-            ]
-    return summaries, per_example

@@ -1,0 +1,120 @@
+"""The package's layering: no import cycles, and the core never imports a built-in plugin.
+
+Imports are read from the source with ``ast``, deferred (function-level) ones included: a cycle
+hidden inside a function is still a cycle. Imports under ``if TYPE_CHECKING:`` do not run and
+are left out.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "attrib_bench"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imported_names(path: Path) -> set[str]:
+    """Every module (and ``module.name``) the file imports at run time."""
+    names: set[str] = set()
+
+    class Visitor(ast.NodeVisitor):
+        def visit_If(self, node: ast.If) -> None:
+            if _is_type_checking(node.test):
+                for child in node.orelse:
+                    self.visit(child)
+                return
+            self.generic_visit(node)
+
+        def visit_Import(self, node: ast.Import) -> None:
+            names.update(alias.name for alias in node.names)
+
+        def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+            if node.module and node.level == 0:
+                names.add(node.module)
+                names.update(f"{node.module}.{alias.name}" for alias in node.names)
+
+    Visitor().visit(ast.parse(path.read_text()))
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {
+        name: {other for other in imported_names(path) if other in files and other != name}
+        for name, path in files.items()
+    }
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in graph[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_the_package_has_no_import_cycles():
+    graph = import_graph()
+    assert len(graph) > 20  # the walk saw the package
+    assert cycles(graph) == []
+
+
+def test_the_core_never_imports_a_builtin_plugin():
+    offenders = {
+        module_name(path): sorted(n for n in imported_names(path) if n.startswith("attrib_bench_"))
+        for path in PACKAGE.rglob("*.py")
+    }
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
+def test_importing_the_package_imports_no_plugin_and_no_torch():
+    probe = (
+        "import sys, attrib_bench; "
+        "print(sorted(m for m in sys.modules if m.startswith('attrib_bench_plugins') "
+        "or m in ('torch', 'transformers')))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
