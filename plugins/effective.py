@@ -67,6 +67,8 @@ class EffectiveAttention(RawAttention):
     name = "effective-attention"
     description = "Effective attention (Brunner et al. 2020): attention minus its null-space part"
     requires = frozenset({"attentions", "values"})
+    #: T_h = V_h W_O^h reads each head's own value projection; where the norm sits is immaterial.
+    needs = {"qkv": "separate", "heads": "multi-head"}
 
     def layer_matrices(self, trace: Trace) -> list[torch.Tensor]:
         return trace.memo(

@@ -35,6 +35,8 @@ from attrib_bench.aggregation import fixed_residual, layerwise_attribution, norm
 from attrib_bench_plugins.attention import head_mean_attention
 
 REQUIRES = frozenset({"attentions", "hidden_states", "values", "pre_layernorm"})
+#: The decomposition above is that of a post-LN block with LayerNorms and one value head per head.
+NEEDS = {"block": "post-ln", "norm": "layernorm", "qkv": "separate", "heads": "multi-head"}
 VARIANTS = ("norm", "norm-res", "norm-resln", "globenc")
 #: The official GlobEnc notebook's eight methods, by their attrib-bench names.
 GLOBENC_EIGHT = (
@@ -167,6 +169,7 @@ class NormVariant(Configurable):
     """One of N, N-Res, N-ResLN, N-Enc: its per-layer matrix, rolled out as is."""
 
     requires = REQUIRES
+    needs = NEEDS
     parameters = {"normalize_rows": False}
 
     def __init__(self, name: str, description: str):
@@ -185,6 +188,7 @@ class NormFixedResidual(Configurable):
     name = "norm-fixedres"
     description = "N-FixedRes: (1 - r) * row-normalised N + r * I, r = residual = 0.5"
     requires = REQUIRES
+    needs = NEEDS
     parameters = {"residual": 0.5}
 
     def validate(self) -> None:
@@ -205,6 +209,7 @@ class AttentionResidual(Configurable):
     name = "attention-res"
     description = "W-Res: raw attention with GlobEnc's per-token residual ratio"
     requires = REQUIRES
+    needs = NEEDS
 
     def attribute(self, trace: Trace) -> Attribution:
         matrices = []

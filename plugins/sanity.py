@@ -89,7 +89,7 @@ class ModelRandomization(Configurable):
         keep_BN = keep_BN.cpu().numpy()
         trained_BN = scored_row(attribution, self.params["layer"]).detach().cpu().numpy()
         model = copy.deepcopy(trace.loaded.model)
-        loaded = dataclasses.replace(trace.loaded, model=model, _adapter=None)
+        loaded = dataclasses.replace(trace.loaded, model=model)
         layers = loaded.adapter.layers
         steps = cascade(model, layers)
         if self.params["steps"] != -1:

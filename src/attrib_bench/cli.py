@@ -236,14 +236,13 @@ def _run_config(args: argparse.Namespace):
 
 
 def _run(args: argparse.Namespace, out: Console) -> int:
+    from attrib_bench.api import run_plan
     from attrib_bench.cache import hits_line
-    from attrib_bench.config import build_model, plan_run
-    from attrib_bench.results import exit_status, leaderboard, write_json
-    from attrib_bench.run import run_benchmark
+    from attrib_bench.config import plan_run
+    from attrib_bench.results import exit_status, leaderboard
 
-    plan = build_model(plan_run(args), quiet=args.quiet)
-    document = run_benchmark(plan.config, quiet=args.quiet, cache=plan.cache)
-    document.update(plan.extra)
+    plan = plan_run(args)
+    document = run_plan(plan, quiet=args.quiet)
     for name, evaluator in document["evaluators"].items():
         if evaluator["status"] == "ok":
             out.print(leaderboard(document, name))
@@ -252,17 +251,17 @@ def _run(args: argparse.Namespace, out: Console) -> int:
     if document.get("cache"):
         stderr.print(hits_line(document["cache"]), highlight=False, soft_wrap=True)
     if plan.output:
-        write_json(document, plan.output)
         stderr.print(f"results written to {plan.output}")
     return ExitCode.OK if exit_status(document) else ExitCode.PARTIAL
 
 
 def _check(args: argparse.Namespace, out: Console) -> int:
-    from attrib_bench.check import compare, load_results, write_step_summary
+    from attrib_bench.api import check
+    from attrib_bench.check import write_step_summary
 
-    comparison = compare(
-        load_results(args.results),
-        load_results(args.baseline),
+    comparison = check(
+        args.results,
+        args.baseline,
         tolerance=args.tolerance,
         all_layers=args.all_layers,
         seed=args.seed,
@@ -276,25 +275,25 @@ def _check(args: argparse.Namespace, out: Console) -> int:
 
 
 def _report(args: argparse.Namespace, out: Console) -> int:
-    from attrib_bench.check import load_results
-    from attrib_bench.report import read_attributions, render_html, render_markdown
+    from attrib_bench.api import report
 
-    if args.examples < 0:
+    if args.examples < 0:  # named as the flag; the API names its argument
         raise UsageError(f"--examples must be at least 0, got {args.examples}")
-    document = load_results(args.results)
-    rows = read_attributions(args.attributions) if args.attributions else None
+    to_stdout = args.markdown is not None and str(args.markdown) == "-"
+    markdown = None if to_stdout else args.markdown
+    text = report(
+        args.results,
+        html=args.html,
+        markdown=markdown,
+        attributions=args.attributions,
+        examples=args.examples,
+    )
     if args.html:
-        args.html.parent.mkdir(parents=True, exist_ok=True)
-        args.html.write_text(render_html(document, rows, args.examples))
         stderr.print(f"HTML report written to {args.html}", highlight=False)
-    if args.markdown is not None or not args.html:
-        text = render_markdown(document, rows, args.examples)
-        if args.markdown is None or str(args.markdown) == "-":
-            out.out(text, highlight=False, end="")
-        else:
-            args.markdown.parent.mkdir(parents=True, exist_ok=True)
-            args.markdown.write_text(text)
-            stderr.print(f"Markdown report written to {args.markdown}", highlight=False)
+    if markdown is not None:
+        stderr.print(f"Markdown report written to {markdown}", highlight=False)
+    if to_stdout or (args.markdown is None and not args.html):
+        out.out(text, highlight=False, end="")
     return ExitCode.OK
 
 

@@ -1,4 +1,4 @@
-"""Hook specifications: how a plugin contributes attributors and evaluators."""
+"""Hook specifications: how a plugin contributes attributors, evaluators and model families."""
 
 from __future__ import annotations
 
@@ -21,3 +21,12 @@ def attrib_bench_attributors() -> list:
 @hookspec
 def attrib_bench_evaluators() -> list:
     """Return a list of evaluator objects (see ``attrib_bench.Evaluator``), unique by ``name``."""
+
+
+@hookspec
+def attrib_bench_architectures() -> list:
+    """Return a list of ``attrib_bench.model.architectures.ArchitectureSpec`` objects.
+
+    Each serves the Hugging Face ``model_type``s in its ``model_types``; two plugins serving one
+    model type is an error that names both plugins.
+    """

