@@ -52,7 +52,7 @@ class AttribBench:
 
     def load(self, results: Path | str) -> dict[str, Any]:
         """A result JSON written earlier by ``attrib-bench run --output``."""
-        from attrib_bench.check import load_results
+        from attrib_bench.gate import load_results
 
         return load_results(self.path(results))
 

@@ -94,7 +94,7 @@ def test_rerun_reuses_everything_and_equals_a_fresh_computation(
     # Everything cached: no method runs and no batch is even traced.
     cache_on.unlink()
     monkeypatch.setattr(
-        "attrib_bench.run.trace_batch", lambda *a, **k: pytest.fail("traced a cached batch")
+        "attrib_bench.runner.trace_batch", lambda *a, **k: pytest.fail("traced a cached batch")
     )
     again, err = run(run_cli, tmp_path, tiny_bert, "counted,attention", name="again.json")
     assert computed(cache_on) == []

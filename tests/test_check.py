@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attrib_bench.check import compare, load_results, paired_bootstrap
 from attrib_bench.errors import ExitCode, UsageError
+from attrib_bench.gate import compare, load_results, paired_bootstrap
 
 N = 60
 

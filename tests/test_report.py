@@ -16,9 +16,9 @@ import pytest
 from test_check import document as check_document
 
 from attrib_bench.cache import NO_CACHE_ENV
-from attrib_bench.check import load_results
 from attrib_bench.errors import UsageError
-from attrib_bench.report import layer_figure, read_attributions, render_html, render_markdown
+from attrib_bench.gate import load_results
+from attrib_bench.reports import layer_figure, read_attributions, render_html, render_markdown
 
 CHROMIUM = next(
     (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)),

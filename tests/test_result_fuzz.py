@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from test_check import document
 
-from attrib_bench.check import compare, load_results
 from attrib_bench.errors import UsageError
-from attrib_bench.report import render_html, render_markdown
+from attrib_bench.gate import compare, load_results
+from attrib_bench.reports import render_html, render_markdown
 
 MUTANTS = 300
 #: Replacement values: each is the wrong type or an out-of-range value somewhere.

@@ -252,7 +252,7 @@ def test_attribute_writes_records_in_dataset_order(tiny_bert, padded_data, run_c
 def test_progress_moves_per_method_within_a_batch(tiny_bert, monkeypatch):
     """One batch of four and two methods: two steps of four, not one step at the batch's end."""
     from attrib_bench import console
-    from attrib_bench.run import MethodState, RunConfig, attribution_stream, prepare
+    from attrib_bench.runner import MethodState, RunConfig, attribution_stream, prepare
 
     steps: list[int] = []
 
@@ -297,7 +297,7 @@ def test_a_crash_is_an_internal_error_not_a_regression(run_cli, tmp_path, monkey
 
     result = tmp_path / "r.json"
     result.write_text("{}")
-    monkeypatch.setattr("attrib_bench.check.load_results", crash)
+    monkeypatch.setattr("attrib_bench.gate.load_results", crash)
     code, _, err = run_cli("check", result, "--baseline", result)
     assert code == 4
     assert "internal error: RuntimeError: boom (exit 4" in " ".join(err.split())

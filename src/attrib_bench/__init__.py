@@ -1,7 +1,8 @@
 """attrib-bench: benchmark token-attribution methods for transformer classifiers.
 
-The public API: everything a plugin or a Python user needs is importable from here. The names
-are resolved on first use (PEP 562), so ``attrib-bench --help`` and usage errors answer without
+The public API: everything a plugin or a Python user needs is importable from here, the
+functions ``run``, ``check``, ``report`` and ``load`` (attrib_bench.api) included. The names are
+resolved on first use (PEP 562), so ``attrib-bench --help`` and usage errors answer without
 importing torch and transformers.
 """
 
@@ -14,6 +15,11 @@ __version__ = "0.1.0"
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
+    "run": "attrib_bench.api",
+    "check": "attrib_bench.api",
+    "report": "attrib_bench.api",
+    "load": "attrib_bench.api",
+    "ArchitectureSpec": "attrib_bench.model.architectures",
     "Configurable": "attrib_bench.base",
     "ExitCode": "attrib_bench.errors",
     "UsageError": "attrib_bench.errors",
@@ -32,6 +38,7 @@ _EXPORTS = {
 __all__ = [
     "KINDS",
     "TRACE_FIELDS",
+    "ArchitectureSpec",
     "Attribution",
     "Attributor",
     "Batch",
@@ -43,10 +50,15 @@ __all__ = [
     "Trace",
     "UsageError",
     "__version__",
+    "check",
     "hookimpl",
+    "load",
+    "report",
+    "run",
 ]
 
 if TYPE_CHECKING:
+    from attrib_bench.api import check, load, report, run
     from attrib_bench.base import Configurable
     from attrib_bench.errors import ExitCode, UsageError
     from attrib_bench.hookspecs import hookimpl
@@ -59,6 +71,7 @@ if TYPE_CHECKING:
         Evaluator,
         Example,
     )
+    from attrib_bench.model.architectures import ArchitectureSpec
     from attrib_bench.model.trace import TRACE_FIELDS, Trace
 
 

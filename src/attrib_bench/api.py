@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from attrib_bench.check import Comparison
     from attrib_bench.config import RunPlan
+    from attrib_bench.gate import Comparison
 
 #: A result given as its document or as the path of its JSON file.
 Results = Mapping[str, Any] | Path | str
@@ -44,7 +44,7 @@ def run_plan(plan: RunPlan, quiet: bool = True) -> dict[str, Any]:
     and write the result where the plan says."""
     from attrib_bench.config import build_model
     from attrib_bench.results import write_json
-    from attrib_bench.run import run_benchmark
+    from attrib_bench.runner import run_benchmark
 
     plan = build_model(plan, quiet=quiet)
     document = run_benchmark(plan.config, quiet=quiet, cache=plan.cache)
@@ -56,7 +56,7 @@ def run_plan(plan: RunPlan, quiet: bool = True) -> dict[str, Any]:
 
 def load(results: Results) -> Mapping[str, Any]:
     """A result document given as itself or as the path of its JSON file (validated)."""
-    from attrib_bench.check import load_results, validate
+    from attrib_bench.gate import load_results, validate
 
     if isinstance(results, (str, Path)):
         return load_results(results)
@@ -74,7 +74,7 @@ def check(
 ) -> Comparison:
     """Compare a result with a baseline (the CI gate): ``.passed``, ``.exit_code``, ``.rows``
     and ``.markdown()`` say what changed."""
-    from attrib_bench.check import DEFAULT_TOLERANCE, compare
+    from attrib_bench.gate import DEFAULT_TOLERANCE, compare
 
     return compare(
         load(results),
@@ -97,7 +97,7 @@ def report(
     HTML page, to ``html`` when given. Token heatmaps come from ``attributions`` (a JSONL file
     of ``attrib-bench attribute``) or the run's cache."""
     from attrib_bench.errors import UsageError
-    from attrib_bench.report import read_attributions, render_html, render_markdown
+    from attrib_bench.reports import read_attributions, render_html, render_markdown
 
     if examples < 0:
         raise UsageError(f"examples must be at least 0, got {examples}")

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from attrib_bench.plugins import Spec
-from attrib_bench.run import MethodState, Prepared, RunConfig, attribution_stream, prepare
+from attrib_bench.runner import MethodState, Prepared, RunConfig, attribution_stream, prepare
 
 
 def write_attributions(config: RunConfig, output: Path, quiet: bool = False) -> bool:

@@ -44,7 +44,7 @@ from attrib_bench.model.finetune import cache_root
 from attrib_bench.plugins import Spec
 
 if TYPE_CHECKING:
-    from attrib_bench.run import MethodState, Prepared
+    from attrib_bench.runner import MethodState, Prepared
 
 #: Bump when the entry layout or the meaning of a key changes.
 FORMAT = 1
@@ -55,12 +55,13 @@ NO_CACHE_ENV = "ATTRIB_BENCH_NO_CACHE"
 PRESENTATION_MODULES = frozenset(
     {
         "__main__.py",
+        "api.py",
         "cache.py",
-        "check.py",
         "cli.py",
         "config.py",
         "console.py",
-        "report.py",
+        "gate.py",
+        "reports.py",
         "results.py",
         "testing.py",
     }
@@ -160,7 +161,7 @@ def run_identity(prepared: Prepared, seed: int) -> dict[str, Any]:
         "seed": seed,
         "device": loaded.device.type,
         "packages": {name: _version(name) for name in KEY_PACKAGES},
-        "core": source_digest("attrib_bench.run", exclude=PRESENTATION_MODULES),
+        "core": source_digest("attrib_bench.runner", exclude=PRESENTATION_MODULES),
     }
 
 

@@ -257,7 +257,7 @@ def _run(args: argparse.Namespace, out: Console) -> int:
 
 def _check(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.api import check
-    from attrib_bench.check import write_step_summary
+    from attrib_bench.gate import write_step_summary
 
     comparison = check(
         args.results,
@@ -355,7 +355,7 @@ def _identifiability(args: argparse.Namespace, out: Console) -> int:
         run_identifiability,
         table,
     )
-    from attrib_bench.run import resolve_model
+    from attrib_bench.runner import resolve_model
 
     model = args.model or resolve_model(None, args.device).model_id
     config = IdentifiabilityConfig(

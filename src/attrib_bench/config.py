@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from attrib_bench.errors import UsageError
-from attrib_bench.run import RunConfig
+from attrib_bench.runner import RunConfig
 
 if sys.version_info >= (3, 11):
     import tomllib

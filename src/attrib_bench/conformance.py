@@ -26,7 +26,7 @@ from attrib_bench.data.batches import make_batches
 from attrib_bench.interfaces import KINDS, Attribution, Batch, EvalContext, Example
 from attrib_bench.model.load import LoadedModel, load_model
 from attrib_bench.model.trace import TRACE_FIELDS, Trace, trace_batch
-from attrib_bench.run import check_scores
+from attrib_bench.runner import check_scores
 
 FAMILIES = ("bert", "roberta")
 

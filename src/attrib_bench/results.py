@@ -19,7 +19,7 @@ from attrib_bench.interfaces import KINDS
 from attrib_bench.stats import summarize, summarize_corpus
 
 if TYPE_CHECKING:
-    from attrib_bench.run import MethodState, Prepared, RunConfig
+    from attrib_bench.runner import MethodState, Prepared, RunConfig
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).parent / "schema" / "results.schema.json"

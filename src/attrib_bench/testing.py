@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attrib_bench.check import DEFAULT_TOLERANCE, Comparison, compare, load_results
+from attrib_bench.gate import DEFAULT_TOLERANCE, Comparison, compare, load_results
 
 if TYPE_CHECKING:
     from attrib_bench.conformance import ConformanceError, check_attributor, check_evaluator
@@ -48,7 +48,7 @@ def run_config(path: Path | str, quiet: bool = True, **overrides: Any) -> dict[s
     ``cache=False``); the cache is used unless the file or an override turns it off.
     """
     from attrib_bench.config import build_model, make_plan
-    from attrib_bench.run import run_benchmark
+    from attrib_bench.runner import run_benchmark
 
     plan = build_model(make_plan(path, overrides), quiet=quiet)
     document = run_benchmark(plan.config, quiet=quiet, cache=plan.cache)
@@ -69,7 +69,7 @@ def assert_no_regression(
     tolerance: float = DEFAULT_TOLERANCE,
     all_layers: bool = False,
 ) -> Comparison:
-    """Fail with the check's Markdown summary when any score regressed (see attrib_bench.check).
+    """Fail with the check's Markdown summary when any score regressed (see attrib_bench.gate).
 
     Returns the comparison when the gate passes, for further assertions.
     """

@@ -7,7 +7,7 @@ heatmaps come from ``--attributions FILE.jsonl`` (written by ``attrib-bench attr
 given, else from the run's cache entries (the result's ``cache`` section points at them); with
 neither, the report says so and shows everything else.
 
-Documents are read as ``attrib_bench.check.load_results`` returns them: validated there, so that
+Documents are read as ``attrib_bench.gate.load_results`` returns them: validated there, so that
 every field used here has its type (the one place both commands check a result file).
 """
 
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from attrib_bench.check import Schema
 from attrib_bench.errors import UsageError
+from attrib_bench.gate import Schema
 
 DEFAULT_EXAMPLES = 6
 #: Diverging colours: positive scores red, negative blue (RGB).
