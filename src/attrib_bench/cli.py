@@ -239,7 +239,8 @@ def _run(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.api import run_plan
     from attrib_bench.cache import hits_line
     from attrib_bench.config import plan_run
-    from attrib_bench.results import exit_status, leaderboard
+    from attrib_bench.reports import leaderboard
+    from attrib_bench.results import exit_status
 
     plan = plan_run(args)
     document = run_plan(plan, quiet=args.quiet)

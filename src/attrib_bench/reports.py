@@ -1,4 +1,5 @@
-"""Reports of a result file: one self-contained HTML page, or Markdown for text.
+"""Reports of a result file: one self-contained HTML page, Markdown for text, and the terminal
+leaderboard ``run`` prints.
 
 The HTML holds the leaderboards, per-layer curves (matplotlib PNGs embedded as base64), token
 heatmaps of every method side by side for a few examples, and the provenance; it loads nothing
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.table import Table
 
 from attrib_bench.errors import UsageError
 from attrib_bench.gate import Schema
@@ -572,3 +574,92 @@ def render_markdown(
     lines += ["## Provenance", ""]
     lines += [f"- **{name}**: {value}" for name, value in _provenance_rows(document)]
     return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------- the terminal leaderboard
+
+
+def _mean(entry: dict[str, Any] | None) -> str:
+    if entry is None or entry["mean"] is None or math.isnan(entry["mean"]):
+        return "-"
+    return f"{entry['mean']:+.3f}"
+
+
+def _ci(entry: dict[str, Any] | None) -> str:
+    if entry is None or entry["ci95"][0] is None or math.isnan(entry["ci95"][0]):
+        return "-"
+    low, high = entry["ci95"]
+    return f"[{low:+.2f},{high:+.2f}]"
+
+
+def _added_caption(document: dict[str, Any]) -> str:
+    """Which rows were not selected: the reference and the random floor join every table."""
+    notes = []
+    for key, role in (("added_as_reference", "the reference"), ("added_as_floor", "the floor")):
+        added = [spec for spec, m in document["methods"].items() if m.get(key)]
+        if added:
+            notes.append(f"{', '.join(added)}: added as {role}")
+    return "; ".join(notes)
+
+
+def _status(method: dict[str, Any], evaluator: str) -> str:
+    if method["status"] != "ok":
+        return f"failed: {method['error']}"
+    pair = method.get("evaluators", {}).get(evaluator, {"status": "ok"})
+    if pair["status"] == "failed":
+        return f"{evaluator} failed: {pair['error']}"
+    return pair["status"]
+
+
+def leaderboard(document: dict[str, Any], evaluator: str, kind: str = "aggregated") -> Table:
+    """Rows = methods, best last-layer score first; best layer and last layer with 95% CI.
+
+    Cost columns: seconds per example and peak memory (MB), both standalone.
+    """
+    model = document["provenance"]["model"]
+    dataset = document["provenance"]["dataset"]
+    info = document.get("evaluator_info", {}).get(evaluator, {})
+    higher_is_better = info.get("higher_is_better", True)
+    versus = f" vs {document['reference']}" if info.get("needs_reference", True) else ""
+    direction = "" if higher_is_better else ", lower is better"
+    table = Table(
+        title=f"{evaluator}{versus} ({kind}{direction}) — {model['name']} on "
+        f"{Path(dataset['name']).name}/{dataset['split']} (n={dataset['examples']})",
+        title_justify="left",
+        caption=_added_caption(document) or None,
+        caption_justify="left",
+    )
+    table.add_column("method", style="bold", no_wrap=True)
+    table.add_column("best (layer)", justify="right", no_wrap=True)
+    table.add_column("last layer", justify="right", no_wrap=True)
+    table.add_column("95% CI", justify="right", no_wrap=True)
+    table.add_column("s/ex", justify="right", no_wrap=True)
+    table.add_column("peak MB", justify="right", no_wrap=True)
+    table.add_column("status")
+    sign = 1.0 if higher_is_better else -1.0
+
+    def last_mean(item: tuple[str, dict]) -> float:
+        layers = item[1]["scores"].get(evaluator, {}).get(kind)
+        mean = layers[-1]["mean"] if layers else None
+        return -math.inf if mean is None or math.isnan(mean) else sign * mean
+
+    for spec, method in sorted(document["methods"].items(), key=last_mean, reverse=True):
+        layers = method["scores"].get(evaluator, {}).get(kind)
+        seconds = method["seconds_per_example"]
+        status = _status(method, evaluator)
+        row = ["-", "-", "-"]
+        if layers:
+            scored = [x for x in layers if x["mean"] is not None and not math.isnan(x["mean"])]
+            best = max(scored, key=lambda x: sign * x["mean"]) if scored else None
+            best_text = _mean(best) + (f" ({best['layer']})" if best and len(layers) > 1 else "")
+            row = [best_text, _mean(layers[-1]), _ci(layers[-1])]
+        memory = method.get("peak_memory_mb")
+        table.add_row(
+            spec,
+            *row,
+            f"{seconds:.4f}" if seconds is not None else "-",
+            f"{memory:.1f}" if memory is not None else "-",
+            status,
+            style=None if status == "ok" else "red",
+        )
+    return table

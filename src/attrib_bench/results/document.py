@@ -1,4 +1,4 @@
-"""The result document (schema-versioned JSON with provenance) and the terminal leaderboard."""
+"""The result document: built from a run's method states, schema-versioned JSON with provenance."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from rich.table import Table
 
 from attrib_bench.interfaces import KINDS
 from attrib_bench.stats import summarize, summarize_corpus
@@ -22,7 +21,7 @@ if TYPE_CHECKING:
     from attrib_bench.runner import MethodState, Prepared, RunConfig
 
 SCHEMA_VERSION = 1
-SCHEMA_PATH = Path(__file__).parent / "schema" / "results.schema.json"
+SCHEMA_PATH = Path(__file__).parents[1] / "schema" / "results.schema.json"
 PACKAGES = ("attrib-bench", "torch", "transformers", "captum", "datasets", "pluggy", "scipy")
 
 
@@ -134,6 +133,8 @@ def build_result(
                 "description": evaluator.description,
                 "needs_reference": evaluator.needs_reference,
                 "higher_is_better": getattr(evaluator, "higher_is_better", True),
+                # Summarised by an aggregate of per-example parts, not a mean (see stats).
+                "corpus_level": bool(getattr(evaluator, "parts", ())),
             }
             for name, evaluator in evaluators.items()
         },
@@ -210,89 +211,3 @@ def exit_status(document: dict[str, Any]) -> bool:
         and all(e["status"] == "ok" for e in document["evaluators"].values())
         and all(p["status"] == "ok" for m in methods for p in m.get("evaluators", {}).values())
     )
-
-
-def _mean(entry: dict[str, Any] | None) -> str:
-    if entry is None or entry["mean"] is None or math.isnan(entry["mean"]):
-        return "-"
-    return f"{entry['mean']:+.3f}"
-
-
-def _ci(entry: dict[str, Any] | None) -> str:
-    if entry is None or entry["ci95"][0] is None or math.isnan(entry["ci95"][0]):
-        return "-"
-    low, high = entry["ci95"]
-    return f"[{low:+.2f},{high:+.2f}]"
-
-
-def _added_caption(document: dict[str, Any]) -> str:
-    """Which rows were not selected: the reference and the random floor join every table."""
-    notes = []
-    for key, role in (("added_as_reference", "the reference"), ("added_as_floor", "the floor")):
-        added = [spec for spec, m in document["methods"].items() if m.get(key)]
-        if added:
-            notes.append(f"{', '.join(added)}: added as {role}")
-    return "; ".join(notes)
-
-
-def _status(method: dict[str, Any], evaluator: str) -> str:
-    if method["status"] != "ok":
-        return f"failed: {method['error']}"
-    pair = method.get("evaluators", {}).get(evaluator, {"status": "ok"})
-    if pair["status"] == "failed":
-        return f"{evaluator} failed: {pair['error']}"
-    return pair["status"]
-
-
-def leaderboard(document: dict[str, Any], evaluator: str, kind: str = "aggregated") -> Table:
-    """Rows = methods, best last-layer score first; best layer and last layer with 95% CI.
-
-    Cost columns: seconds per example and peak memory (MB), both standalone.
-    """
-    model = document["provenance"]["model"]
-    dataset = document["provenance"]["dataset"]
-    info = document.get("evaluator_info", {}).get(evaluator, {})
-    higher_is_better = info.get("higher_is_better", True)
-    versus = f" vs {document['reference']}" if info.get("needs_reference", True) else ""
-    direction = "" if higher_is_better else ", lower is better"
-    table = Table(
-        title=f"{evaluator}{versus} ({kind}{direction}) — {model['name']} on "
-        f"{Path(dataset['name']).name}/{dataset['split']} (n={dataset['examples']})",
-        title_justify="left",
-        caption=_added_caption(document) or None,
-        caption_justify="left",
-    )
-    table.add_column("method", style="bold", no_wrap=True)
-    table.add_column("best (layer)", justify="right", no_wrap=True)
-    table.add_column("last layer", justify="right", no_wrap=True)
-    table.add_column("95% CI", justify="right", no_wrap=True)
-    table.add_column("s/ex", justify="right", no_wrap=True)
-    table.add_column("peak MB", justify="right", no_wrap=True)
-    table.add_column("status")
-    sign = 1.0 if higher_is_better else -1.0
-
-    def last_mean(item: tuple[str, dict]) -> float:
-        layers = item[1]["scores"].get(evaluator, {}).get(kind)
-        mean = layers[-1]["mean"] if layers else None
-        return -math.inf if mean is None or math.isnan(mean) else sign * mean
-
-    for spec, method in sorted(document["methods"].items(), key=last_mean, reverse=True):
-        layers = method["scores"].get(evaluator, {}).get(kind)
-        seconds = method["seconds_per_example"]
-        status = _status(method, evaluator)
-        row = ["-", "-", "-"]
-        if layers:
-            scored = [x for x in layers if x["mean"] is not None and not math.isnan(x["mean"])]
-            best = max(scored, key=lambda x: sign * x["mean"]) if scored else None
-            best_text = _mean(best) + (f" ({best['layer']})" if best and len(layers) > 1 else "")
-            row = [best_text, _mean(layers[-1]), _ci(layers[-1])]
-        memory = method.get("peak_memory_mb")
-        table.add_row(
-            spec,
-            *row,
-            f"{seconds:.4f}" if seconds is not None else "-",
-            f"{memory:.1f}" if memory is not None else "-",
-            status,
-            style=None if status == "ok" else "red",
-        )
-    return table

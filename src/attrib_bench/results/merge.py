@@ -1,0 +1,190 @@
+"""One result from runs over disjoint examples: what a sharded run puts back together.
+
+Per-example scores are concatenated in the order the parts are given, and every summary is
+recomputed from them with the run's own statistics (``attrib_bench.stats.summarize``, same
+seed), so merging the runs over two halves of a dataset gives the result of one run over the
+whole (tested). What cannot be recomputed from a result file is refused, not approximated.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+
+from attrib_bench.errors import UsageError
+from attrib_bench.results.typed import LayerScore, MethodResult, Result
+from attrib_bench.stats import summarize
+
+#: Config keys that may differ between the parts (they choose the examples or the hardware).
+PER_PART_CONFIG = frozenset({"dataset", "split", "limit", "batch_size", "device"})
+
+
+def _same(parts: Sequence[Result], what: str, value: Any) -> None:
+    values = [value(part) for part in parts]
+    if any(v != values[0] for v in values[1:]):
+        raise UsageError(f"cannot merge results with different {what}: {values}")
+
+
+def _check_mergeable(parts: Sequence[Result]) -> None:
+    if not parts:
+        raise UsageError("nothing to merge: give at least one result")
+    _same(parts, "model weights", lambda r: r.provenance["model"].get("weights_sha256"))
+    _same(parts, "references", lambda r: r.reference)
+    _same(parts, "methods", lambda r: sorted(r.methods))
+    _same(parts, "evaluators", lambda r: sorted(r.evaluators))
+    _same(
+        parts,
+        "settings",
+        lambda r: {k: v for k, v in r.config.items() if k not in PER_PART_CONFIG},
+    )
+    seen: dict[str, int] = {}
+    for index, part in enumerate(parts):
+        for example in part.example_ids:
+            if example in seen:
+                raise UsageError(
+                    f"cannot merge: example id {example!r} is in parts {seen[example] + 1} and "
+                    f"{index + 1}; the parts must hold disjoint examples"
+                )
+            seen[example] = index
+    corpus = [name for name, info in parts[0].evaluator_info.items() if info.get("corpus_level")]
+    if corpus:
+        raise UsageError(
+            f"cannot merge {', '.join(corpus)}: a corpus-level score needs per-example parts "
+            "that the result file does not hold; merge without it"
+        )
+
+
+def _merged_pair(statuses: list[dict[str, Any]], rows: list[list[float]] | None) -> dict:
+    failed = next((s for s in statuses if s.get("status") == "failed"), None)
+    if failed is not None:
+        return dict(failed)
+    if rows is not None and all(math.isnan(v) for row in rows for v in row):
+        return {"status": "undefined", "error": "NaN on every example"}
+    return {"status": "ok", "error": None}
+
+
+def _merge_method(spec: str, methods: list[MethodResult], sizes: list[int], seed: int):
+    first = methods[0]
+    failed = next((m for m in methods if m.status != "ok"), None)
+    merged = MethodResult(
+        spec=spec,
+        name=first.name,
+        plugin=first.plugin,
+        status="failed" if failed else "ok",
+        error=failed.error if failed else None,
+        seconds_per_example=None,
+        peak_memory_mb=None,
+        added_as_floor=first.added_as_floor,
+        added_as_reference=first.added_as_reference,
+        extra=copy.deepcopy(first.extra),
+    )
+    if failed:
+        return merged
+    merged.seconds_per_example = float(
+        np.average([m.seconds_per_example or 0.0 for m in methods], weights=sizes)
+    )
+    merged.peak_memory_mb = max(m.peak_memory_mb or 0.0 for m in methods)
+    evaluators = {name for m in methods for name in (*m.evaluators, *m.per_example)}
+    for evaluator in sorted(evaluators):
+        kinds = [m.per_example.get(evaluator, {}) for m in methods]
+        complete = all(kinds) and all(set(k) == set(kinds[0]) for k in kinds)
+        statuses = [m.evaluators.get(evaluator, {"status": "ok"}) for m in methods]
+        if not complete and not any(s.get("status") == "failed" for s in statuses):
+            statuses.append({"status": "failed", "error": "scores missing from a merged part"})
+        per_kind = {}
+        if complete:
+            for kind in kinds[0]:
+                layers = {len(k[kind]) for k in kinds}
+                if len(layers) != 1:
+                    raise UsageError(f"cannot merge {spec}: {evaluator} has {layers} layers")
+                (count,) = layers
+                per_kind[kind] = [[v for k in kinds for v in k[kind][i]] for i in range(count)]
+        pair = _merged_pair(statuses, [r for rows in per_kind.values() for r in rows] or None)
+        merged.evaluators[evaluator] = pair
+        if pair["status"] == "failed":
+            continue
+        merged.per_example[evaluator] = per_kind
+        merged.scores[evaluator] = {
+            kind: [
+                LayerScore.from_json({"layer": layer + 1, **summarize(np.array(row), seed)})
+                for layer, row in enumerate(rows)
+            ]
+            for kind, rows in per_kind.items()
+        }
+    return merged
+
+
+def _merge_provenance(parts: Sequence[Result]) -> dict[str, Any]:
+    provenance = copy.deepcopy(parts[0].provenance)
+    datasets = [part.provenance["dataset"] for part in parts]
+    dataset = provenance["dataset"]
+    dataset["examples"] = sum(len(part.example_ids) for part in parts)
+    for key in ("truncated", "contentless"):
+        if all(key in d for d in datasets):
+            dataset[key] = sum(d[key] for d in datasets)
+    fingerprints = [d.get("fingerprint") for d in datasets]
+    dataset["fingerprint"] = hashlib.sha256(json.dumps(fingerprints).encode()).hexdigest()
+    lost = [d.get("rationale_words_lost") for d in datasets]
+    if any(v != lost[0] for v in lost):
+        dataset["rationale_words_lost"] = None  # a share of words: not recoverable per part
+    return provenance
+
+
+def _merge_cache(parts: Sequence[Result]) -> dict[str, Any] | None:
+    caches = [part.extra.get("cache") for part in parts]
+    if not all(caches) or any(c["methods"] != caches[0]["methods"] for c in caches):
+        return None
+    merged = copy.deepcopy(caches[0])
+    for cache in caches[1:]:
+        merged["examples"].update(cache["examples"])
+        for spec, hits in cache["hits"].items():
+            merged["hits"][spec] = merged["hits"].get(spec, 0) + hits
+    return merged
+
+
+def merge(parts: Sequence[Result]) -> Result:
+    """The result of one run over the union of the parts' examples (see the module doc)."""
+    _check_mergeable(parts)
+    seed = int(parts[0].config.get("seed", 0))
+    sizes = [len(part.example_ids) for part in parts]
+    first = parts[0]
+    evaluators = {}
+    for name in first.evaluators:  # an evaluator failed in any part failed in the whole
+        states = [p.evaluators[name] for p in parts]
+        evaluators[name] = next((s for s in states if s["status"] != "ok"), states[0])
+    extra = {k: copy.deepcopy(v) for k, v in first.extra.items() if k != "cache"}
+    cache = _merge_cache(parts)
+    if cache is not None:
+        extra["cache"] = cache
+    extra["merged_from"] = [
+        {
+            "created": part.created,
+            "dataset": part.provenance["dataset"].get("name"),
+            "split": part.provenance["dataset"].get("split"),
+            "fingerprint": part.provenance["dataset"].get("fingerprint"),
+            "examples": len(part.example_ids),
+        }
+        for part in parts
+    ]
+    return Result(
+        schema_version=first.schema_version,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        config=copy.deepcopy(first.config),
+        provenance=_merge_provenance(parts),
+        reference=first.reference,
+        evaluators=evaluators,
+        evaluator_info=copy.deepcopy(first.evaluator_info),
+        example_ids=[example for part in parts for example in part.example_ids],
+        methods={
+            spec: _merge_method(spec, [p.methods[spec] for p in parts], sizes, seed)
+            for spec in first.methods
+        },
+        extra=extra,
+    )
