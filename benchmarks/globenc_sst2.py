@@ -170,6 +170,7 @@ def main() -> None:
     for method in document["methods"].values():
         method.pop("per_example")
     document.pop("example_ids")
+    document.pop("cache", None)  # this machine's cache paths: not part of the measurement
     write_json(document, RESULTS / "globenc_sst2.json")
     text = markdown(document, metadata["eval_accuracy"], metadata["train_examples"])
     (RESULTS / "globenc_sst2.md").write_text(text)
