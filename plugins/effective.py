@@ -12,8 +12,9 @@ T_h = (V_h R^T) Q^T, so the n x d_v matrix V_h R^T has T_h's singular values and
 vectors at the cost of an SVD of V_h's size. Per example on its real tokens only; SVDs are
 batched over the heads of all same-length examples.
 
-Rolled out like raw attention, with (1 - r) A_eff + r I for ``residual=r`` > 0: the rows of A_eff
-do not sum to 1 (they may be near 0 or negative), so they are not renormalised first.
+Rolled out like raw attention (``attrib_bench.attention_family``), with (1 - r) A_eff + r I for
+``residual=r`` > 0: the rows of A_eff do not sum to 1 (they may be near 0 or negative), so they
+are not renormalised first.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 import attrib_bench
 from attrib_bench import Trace
 from attrib_bench.aggregation import mix_identity
-from attrib_bench_plugins.attention import RawAttention
+from attrib_bench.attention_family import AttentionFamily
 
 
 def column_space_projector(matrices_XNE: torch.Tensor, width: int, eps: float) -> torch.Tensor:
@@ -61,7 +62,7 @@ def effective_attention(trace: Trace, layer: int) -> torch.Tensor:
     return result
 
 
-class EffectiveAttention(RawAttention):
+class EffectiveAttention(AttentionFamily):
     """Head mean of effective attention, rolled out like ``attention``, rows not renormalised."""
 
     name = "effective-attention"

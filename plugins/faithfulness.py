@@ -38,7 +38,6 @@ Conventions, stated because results depend on them:
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -46,6 +45,7 @@ import torch
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, EvalContext, Trace, UsageError
+from attrib_bench.ranking import erasure_mask, scored_row
 
 REMOVALS = ("mask", "pad", "zero", "delete")
 AOPC_RATIOS = "0.1/0.2/0.3/0.4/0.5/0.6/0.7/0.8/0.9"
@@ -63,34 +63,6 @@ def parse_ratios(text: str) -> tuple[float, ...]:
     if not ratios or any(not 0.0 <= r <= 1.0 for r in ratios):
         raise UsageError(f"ratios must lie in [0, 1], got {text!r}")
     return ratios
-
-
-def ratio_k(ratio: float, n: int) -> int:
-    """How many of n candidates a ratio erases: ceil(ratio * n), immune to float noise."""
-    return min(n, math.ceil(round(ratio * n, 9)))
-
-
-def top_k_mask(scores_BN: np.ndarray, candidates_BN: np.ndarray, k_B: np.ndarray) -> np.ndarray:
-    """True at each row's k highest-scoring candidates; ties go to the earlier position.
-
-    Non-candidates (padding, special tokens) are never selected, whatever their score.
-    """
-    positions = np.arange(scores_BN.shape[1])
-    out = np.zeros(scores_BN.shape, dtype=bool)
-    for row in range(scores_BN.shape[0]):
-        # lexsort: the last key is primary. Candidates first, then higher scores, then position.
-        order = np.lexsort((positions, -scores_BN[row], ~candidates_BN[row]))
-        out[row, order[: k_B[row]]] = True
-    return out & candidates_BN
-
-
-def erasure_mask(
-    scores_BN: np.ndarray, candidates_BN: np.ndarray, ratio: float, mode: str
-) -> np.ndarray:
-    """Tokens to erase: the top k (``remove``), or every candidate outside the top k (``keep``)."""
-    k_B = np.array([ratio_k(ratio, int(n)) for n in candidates_BN.sum(axis=1)])
-    top = top_k_mask(scores_BN, candidates_BN, k_B)
-    return top if mode == "remove" else candidates_BN & ~top
 
 
 def erase(
@@ -136,17 +108,6 @@ def _forward(trace: Trace, inputs: dict, erase_VN: torch.Tensor, removal: str) -
         if handle is not None:
             handle.remove()
     return torch.log_softmax(logits.double(), dim=-1)
-
-
-def scored_row(attribution: Attribution, layer: int) -> torch.Tensor:
-    """The (B, N) row an erasure evaluator ranks: the last aggregated row, or layer ``layer``."""
-    rows_BLN = attribution.aggregated_BLN
-    count = rows_BLN.shape[1]
-    if layer == -1 or count == 1:
-        return rows_BLN[:, -1]
-    if not 1 <= layer <= count:
-        raise ValueError(f"layer={layer} asked, but the method has {count} layers")
-    return rows_BLN[:, layer - 1]
 
 
 class Erasure(Configurable, ABC):

@@ -14,6 +14,7 @@ from attrib_bench import Attribution, EvalContext, UsageError
 from attrib_bench.interfaces import Batch, Example
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import Trace, trace_batch
+from attrib_bench.ranking import erasure_mask, ratio_k, top_k_mask
 from attrib_bench_plugins.faithfulness import (
     Comprehensiveness,
     Deletion,
@@ -23,10 +24,7 @@ from attrib_bench_plugins.faithfulness import (
     Sufficiency,
     curve_area,
     erase,
-    erasure_mask,
     log_odds,
-    ratio_k,
-    top_k_mask,
 )
 from attrib_bench_plugins.gradient import Saliency
 

@@ -8,10 +8,10 @@ import torch
 from helpers import SENTENCES, examples, full_trace
 
 from attrib_bench.model.load import load_model
+from attrib_bench.norm_decomposition import layer_inputs
 from attrib_bench.plugins import load_registry
 from attrib_bench.token_contributions import contributions
 from attrib_bench_plugins.effective import column_space_projector, effective_attention
-from attrib_bench_plugins.norm import layer_inputs
 
 LONG = " ".join(["a long sentence that needs more tokens than one head has dimensions"] * 3)
 

@@ -1,4 +1,5 @@
-"""The package's layering: no import cycles, and the core never imports a built-in plugin.
+"""The package's layering: no import cycles, the core never imports a built-in plugin, and no
+built-in plugin imports another (what they share lives in the core, open to third parties too).
 
 Imports are read from the source with ``ast``, deferred (function-level) ones included: a cycle
 hidden inside a function is still a cycle. Imports under ``if TYPE_CHECKING:`` do not run and
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "attrib_bench"
+PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 
 
 def module_name(path: Path) -> str:
@@ -26,8 +28,11 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def imported_names(path: Path) -> set[str]:
-    """Every module (and ``module.name``) the file imports at run time."""
+def imported_names(path: Path, package: str | None = None) -> set[str]:
+    """Every module (and ``module.name``) the file imports at run time.
+
+    Relative imports are resolved against ``package``, the file's package, when it is given.
+    """
     names: set[str] = set()
 
     class Visitor(ast.NodeVisitor):
@@ -42,9 +47,15 @@ def imported_names(path: Path) -> set[str]:
             names.update(alias.name for alias in node.names)
 
         def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-            if node.module and node.level == 0:
-                names.add(node.module)
-                names.update(f"{node.module}.{alias.name}" for alias in node.names)
+            module = node.module
+            if node.level:
+                if package is None:
+                    return
+                base = package.rsplit(".", node.level - 1)[0]
+                module = f"{base}.{module}" if module else base
+            if module:
+                names.add(module)
+                names.update(f"{module}.{alias.name}" for alias in node.names)
 
     Visitor().visit(ast.parse(path.read_text()))
     return names
@@ -106,6 +117,23 @@ def test_the_core_never_imports_a_builtin_plugin():
         module_name(path): sorted(n for n in imported_names(path) if n.startswith("attrib_bench_"))
         for path in PACKAGE.rglob("*.py")
     }
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
+def test_no_builtin_plugin_imports_another():
+    """Built-ins are plugins like any third party's: shared math comes from ``attrib_bench``.
+
+    The pytest fixture module is no method plugin, so importing it is not counted.
+    """
+    offenders = {
+        path.stem: sorted(
+            name
+            for name in imported_names(path, package="attrib_bench_plugins")
+            if name.startswith("attrib_bench_plugins.") and name.split(".")[1] != "pytest_plugin"
+        )
+        for path in PLUGINS.glob("*.py")
+    }
+    assert len(offenders) > 10  # the walk saw the plugins
     assert {name: found for name, found in offenders.items() if found} == {}
 
 
