@@ -103,7 +103,9 @@ class ModelRandomization(Configurable):
             )
             for module in modules:
                 reinitialize(module, std, generator)
-            randomized_trace = trace_batch(loaded, batch, requires, trace.seed)
+            randomized_trace = trace_batch(
+                loaded, batch, requires, trace.seed, fields=trace.field_specs
+            )
             if self.params["target"] == "trained":
                 # A trace's logits serve to name the predicted class (Trace.predicted_B).
                 randomized_trace.logits_BC = trace.logits_BC

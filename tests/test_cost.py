@@ -182,6 +182,7 @@ def test_cost_columns_and_the_random_floor(tiny_bert, run_cli, tmp_path, monkeyp
         "description": spearman.description,
         "needs_reference": True,
         "higher_is_better": True,
+        "corpus_level": False,
     }
 
 

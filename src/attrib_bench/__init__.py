@@ -33,6 +33,7 @@ _EXPORTS = {
     "Example": "attrib_bench.interfaces",
     "TRACE_FIELDS": "attrib_bench.model.trace",
     "Trace": "attrib_bench.model.trace",
+    "TraceField": "attrib_bench.model.trace",
 }
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "Example",
     "ExitCode",
     "Trace",
+    "TraceField",
     "UsageError",
     "__version__",
     "check",
@@ -72,7 +74,7 @@ if TYPE_CHECKING:
         Example,
     )
     from attrib_bench.model.architectures import ArchitectureSpec
-    from attrib_bench.model.trace import TRACE_FIELDS, Trace
+    from attrib_bench.model.trace import TRACE_FIELDS, Trace, TraceField
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,5 @@
-"""Hook specifications: how a plugin contributes attributors, evaluators and model families."""
+"""Hook specifications: how a plugin contributes attributors, evaluators, model families and
+trace fields."""
 
 from __future__ import annotations
 
@@ -29,4 +30,14 @@ def attrib_bench_architectures() -> list:
 
     Each serves the Hugging Face ``model_type``s in its ``model_types``; two plugins serving one
     model type is an error that names both plugins.
+    """
+
+
+@hookspec
+def attrib_bench_trace_fields() -> list:
+    """Return a list of ``attrib_bench.TraceField`` objects: fields the trace can capture.
+
+    An attributor lists a field's ``name`` in ``requires`` and reads it with
+    ``trace.need(name)``. A name that a built-in field (``attrib_bench.TRACE_FIELDS``) or
+    another plugin's field has is an error that names both.
     """

@@ -1,4 +1,4 @@
-"""Plugin discovery and the registry of attributors, evaluators and model families.
+"""Plugin discovery and the registry of attributors, evaluators, model families and trace fields.
 
 Plugins come from the entry-point group ``attrib_bench`` (the built-ins too) and from
 ``--plugin FILE.py``. The manager is built on every call to :func:`load_registry`, never at
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -23,9 +23,11 @@ from attrib_bench.console import warn
 from attrib_bench.errors import UsageError, unknown_choice
 from attrib_bench.interfaces import Attributor, Evaluator
 from attrib_bench.model.architectures import ArchitectureSpec, needs_problem
-from attrib_bench.model.trace import TRACE_FIELDS
+from attrib_bench.model.trace import BUILTIN_FIELDS, TraceField
 
 ENTRY_POINT_GROUP = "attrib_bench"
+#: The source the registry names for the built-in trace fields (captured by the core).
+BUILTIN_SOURCE = "attrib-bench (built-in)"
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ class Registry:
     evaluators: dict[str, Registered] = field(default_factory=dict)
     #: Hugging Face model_type -> the ArchitectureSpec serving it.
     architectures: dict[str, Registered] = field(default_factory=dict)
+    #: Trace field name -> its TraceField: the built-ins, then those plugins register.
+    trace_fields: dict[str, Registered] = field(default_factory=dict)
     #: Plugins that failed to import: source -> error message. They are reported, not fatal.
     broken: dict[str, str] = field(default_factory=dict)
 
@@ -79,6 +83,10 @@ class Registry:
     def architecture_specs(self) -> dict[str, ArchitectureSpec]:
         """The model families, as ``load_model`` takes them."""
         return {model_type: reg.obj for model_type, reg in self.architectures.items()}
+
+    def trace_field_specs(self) -> dict[str, TraceField]:
+        """The fields a trace can capture, as ``trace_batch`` takes them."""
+        return {name: reg.obj for name, reg in self.trace_fields.items()}
 
     def attributor(self, spec: Spec | str) -> Any:
         return self._configured(self.attributors, "attributor", spec)
@@ -138,7 +146,13 @@ def _plugin_manager(plugin_files: Sequence[Path], registry: Registry) -> pluggy.
     return pm
 
 
-def _collect(pm: pluggy.PluginManager, hook_name: str, kind: str, protocol: type) -> dict:
+def _collect(
+    pm: pluggy.PluginManager,
+    hook_name: str,
+    kind: str,
+    protocol: type,
+    trace_fields: Collection[str],
+) -> dict:
     table: dict[str, Registered] = {}
     for impl in getattr(pm.hook, hook_name).get_hookimpls():
         objects = impl.function() or []
@@ -148,11 +162,11 @@ def _collect(pm: pluggy.PluginManager, hook_name: str, kind: str, protocol: type
                     f"plugin {impl.plugin_name} returned {obj!r}, which is not an {kind}: "
                     f"it needs the attributes of attrib_bench.{protocol.__name__}"
                 )
-            unknown = set(getattr(obj, "requires", ())) - TRACE_FIELDS
+            unknown = set(getattr(obj, "requires", ())) - set(trace_fields)
             if unknown:
                 raise UsageError(
                     f"{kind} {obj.name!r} from {impl.plugin_name} requires unknown trace fields "
-                    f"{sorted(unknown)}; valid: {', '.join(sorted(TRACE_FIELDS))}"
+                    f"{sorted(unknown)}; valid: {', '.join(sorted(trace_fields))}"
                 )
             problem = needs_problem(getattr(obj, "needs", {})) if kind == "attributor" else None
             if problem is not None:
@@ -192,12 +206,43 @@ def _collect_architectures(pm: pluggy.PluginManager) -> dict[str, Registered]:
     return table
 
 
+def _collect_trace_fields(pm: pluggy.PluginManager) -> dict[str, Registered]:
+    table = {f.name: Registered(f, BUILTIN_SOURCE) for f in BUILTIN_FIELDS}
+    for impl in pm.hook.attrib_bench_trace_fields.get_hookimpls():
+        for trace_field in impl.function() or []:
+            if not isinstance(trace_field, TraceField):
+                raise UsageError(
+                    f"plugin {impl.plugin_name} returned {trace_field!r}, which is not an "
+                    "attrib_bench.TraceField"
+                )
+            problem = trace_field.problem()
+            if problem is not None:
+                raise UsageError(f"plugin {impl.plugin_name} returned a bad trace field: {problem}")
+            name = trace_field.name
+            if name in table and table[name].source == BUILTIN_SOURCE:
+                raise UsageError(
+                    f"plugin {impl.plugin_name} registers the trace field {name!r}, which is "
+                    f"built in (built-in fields: {', '.join(f.name for f in BUILTIN_FIELDS)})"
+                )
+            if name in table:
+                raise UsageError(
+                    f"two plugins register the trace field {name!r}: "
+                    f"{table[name].source} and {impl.plugin_name}"
+                )
+            table[name] = Registered(trace_field, impl.plugin_name)
+    return table
+
+
 def load_registry(plugin_files: Sequence[Path | str] = ()) -> Registry:
     """Discover every installed plugin plus ``plugin_files`` and index their objects by name
-    (model families by ``model_type``)."""
+    (model families by ``model_type``). Trace fields come first: ``requires`` may name them."""
     registry = Registry()
     pm = _plugin_manager([Path(p) for p in plugin_files], registry)
-    registry.attributors = _collect(pm, "attrib_bench_attributors", "attributor", Attributor)
-    registry.evaluators = _collect(pm, "attrib_bench_evaluators", "evaluator", Evaluator)
+    registry.trace_fields = _collect_trace_fields(pm)
+    fields = list(registry.trace_fields)
+    registry.attributors = _collect(
+        pm, "attrib_bench_attributors", "attributor", Attributor, fields
+    )
+    registry.evaluators = _collect(pm, "attrib_bench_evaluators", "evaluator", Evaluator, fields)
     registry.architectures = _collect_architectures(pm)
     return registry

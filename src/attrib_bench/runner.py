@@ -183,6 +183,7 @@ def attribution_stream(
         problem = prepared.loaded.unmet_needs(method.attributor)
         if problem is not None:
             method.fail(problem)
+    fields = prepared.registry.trace_field_specs()  # what a plugin's `requires` may add
     examples = sum(len(batch.examples) for batch in prepared.batches)
     with console.progress(disable=quiet) as bar:
         task = bar.add_task(description, total=examples * len(methods))
@@ -195,7 +196,7 @@ def attribution_stream(
             requires = set().union(*(m.attributor.requires for m in todo))
             batch = batch.to(prepared.loaded.device)
             start = time.perf_counter()
-            trace = trace_batch(prepared.loaded, batch, requires, seed)
+            trace = trace_batch(prepared.loaded, batch, requires, seed, fields)
             trace_seconds = time.perf_counter() - start
             results: dict[str, Attribution] = {}
             for method in todo:

@@ -2,16 +2,21 @@
 
 The runner asks for the union of what its attributors declare in ``requires`` and captures only
 that. Attributors read the trace; they never rerun the model for what the forward pass produced.
+
+The built-in fields (``TRACE_FIELDS``) are captured here; a plugin adds a field with a
+:class:`TraceField` returned by the ``attrib_bench_trace_fields`` hook: the modules to hook and
+what to keep of each call. Its hooks live for that one forward pass only.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from attrib_bench.errors import UsageError
 from attrib_bench.interfaces import Batch
@@ -20,8 +25,83 @@ from attrib_bench.model.architectures import EncoderAdapter
 if TYPE_CHECKING:  # model.load imports transformers: not needed to read a trace's type
     from attrib_bench.model.load import LoadedModel
 
-#: What a trace can hold; an attributor's ``requires`` is a subset of these.
-TRACE_FIELDS = frozenset({"attentions", "hidden_states", "values", "pre_layernorm"})
+#: What a module hook keeps of each call: its return value, its first input, or every argument.
+KEEP = ("output", "input", "call")
+
+
+@dataclass(frozen=True)
+class TraceField:
+    """A field the trace can capture, which an attributor then lists in ``requires``.
+
+    - ``name``: what ``requires`` lists and ``trace.need(name)`` reads.
+    - ``doc``: one line on what the field holds (shapes, order).
+    - ``modules``: the modules to hook: a dotted path inside each encoder layer
+      (``"intermediate"`` hooks ``layer.intermediate`` of every layer, in layer order), or a
+      function of the trace's ``EncoderAdapter`` returning the modules (``lambda adapter:
+      [adapter.model.classifier]`` for the classification head). None only for the built-ins,
+      which this module captures itself.
+    - ``keep``: ``"output"`` (what the module returns), ``"input"`` (its first argument) or
+      ``"call"`` (the pair ``(args, kwargs)`` it was called with, to run it again: value zeroing
+      reruns a layer with some value vectors zeroed).
+    - ``collect``: makes the field from the kept values, detached, one per call in the order the
+      modules ran; by default the tuple of them.
+    """
+
+    name: str
+    doc: str
+    modules: str | Callable[[EncoderAdapter], Sequence[nn.Module]] | None = None
+    keep: str = "output"
+    collect: Callable[[list[Any]], Any] | None = None
+
+    def problem(self) -> str | None:
+        """Why a plugin cannot register this field, or None: checked when plugins are loaded."""
+        if not isinstance(self.name, str) or not self.name.strip():
+            return f"name must be a non-empty string, got {self.name!r}"
+        if not (isinstance(self.modules, str) and self.modules) and not callable(self.modules):
+            return (
+                f"field {self.name!r}: modules must be a dotted path inside each layer or a "
+                f"function of the adapter returning modules, got {self.modules!r}"
+            )
+        if self.keep not in KEEP:
+            return f"field {self.name!r}: keep={self.keep!r} is not one of {', '.join(KEEP)}"
+        if self.collect is not None and not callable(self.collect):
+            return f"field {self.name!r}: collect must be callable, got {self.collect!r}"
+        return None
+
+    def hooked_modules(self, adapter: EncoderAdapter) -> list[nn.Module]:
+        """The distinct modules to hook on this model, in order."""
+        if isinstance(self.modules, str):
+            modules = []
+            for layer, module in enumerate(adapter.layers):
+                try:
+                    modules.append(module.get_submodule(self.modules))
+                except AttributeError as error:
+                    raise UsageError(
+                        f"trace field {self.name!r}: encoder layer {layer} has no module "
+                        f"{self.modules!r} ({error})"
+                    ) from error
+        else:
+            modules = list(self.modules(adapter))
+        return list({id(module): module for module in modules}.values())
+
+
+#: The built-in fields, captured by ``trace_batch`` itself; a plugin field cannot reuse a name.
+BUILTIN_FIELDS: tuple[TraceField, ...] = (
+    TraceField("attentions", "L tensors (B, H, N, K) of attention probabilities"),
+    TraceField(
+        "hidden_states",
+        "L + 1 tensors (B, N, D): the embedding output, then each layer's output",
+    ),
+    TraceField("values", "L tensors (B, N, H*E): value vectors x W_V + b_V"),
+    TraceField(
+        "pre_layernorm",
+        "the inputs of each layer's two LayerNorms: trace.pre_ln1, trace.pre_ln2 (L tensors "
+        "(B, N, D) each)",
+    ),
+)
+#: What a trace can hold without plugins; an attributor's ``requires`` is a subset of these and
+#: of the fields plugins register.
+TRACE_FIELDS = frozenset(f.name for f in BUILTIN_FIELDS)
 
 
 @dataclass
@@ -34,6 +114,8 @@ class Trace:
     - ``attentions``: L tensors (B, H, N, K) of attention probabilities.
     - ``values``: L tensors (B, N, H*E): value vectors x W_V + b_V.
     - ``pre_ln1`` / ``pre_ln2``: L tensors (B, N, D): the inputs of each layer's two LayerNorms.
+    - ``plugin_fields``: the captured fields plugins registered, by name (read them with
+      ``need(name)``).
     - ``shared``: a per-batch memo so methods of one family compute shared pieces once.
     """
 
@@ -51,6 +133,10 @@ class Trace:
     #: Seconds spent computing each memo entry, and the entries read since ``reset_access``.
     memo_seconds: dict[str, float] = field(default_factory=dict)
     accessed: set[str] = field(default_factory=set)
+    plugin_fields: dict[str, Any] = field(default_factory=dict)
+    #: The plugin fields it could capture, by name: what an evaluator that traces the model
+    #: again passes on (``trace_batch(..., fields=trace.field_specs)``).
+    field_specs: Mapping[str, TraceField] = field(default_factory=dict)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -91,9 +177,18 @@ class Trace:
         own = elapsed - sum(self.memo_seconds[k] for k in computed_now)
         return own + sum(self.memo_seconds[k] for k in self.accessed)
 
-    def need(self, name: str) -> tuple[torch.Tensor, ...]:
-        """A captured field, or a clear error when the attributor forgot to declare it."""
-        captured = getattr(self, name)
+    def need(self, name: str) -> tuple[Any, ...]:
+        """A captured field, or a clear error when the attributor forgot to declare it.
+
+        A built-in field is its attribute (``need("pre_layernorm")`` is the pair ``(pre_ln1,
+        pre_ln2)``); a plugin field is what its ``collect`` made.
+        """
+        if name in self.plugin_fields:
+            return self.plugin_fields[name]
+        if name == "pre_layernorm":
+            captured = (self.pre_ln1, self.pre_ln2) if self.pre_ln1 else ()
+        else:
+            captured = getattr(self, name) if name in TRACE_FIELDS else ()
         if not captured:
             raise RuntimeError(
                 f"trace field {name!r} was not captured: add it to the attributor's `requires`"
@@ -101,15 +196,52 @@ class Trace:
         return captured
 
 
-def trace_batch(loaded: LoadedModel, batch: Batch, requires: Iterable[str], seed: int = 0) -> Trace:
-    """Run the model once on ``batch`` and capture the fields in ``requires``."""
+def _detached(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_detached(item) for item in value)
+    return value
+
+
+def _keep(module: nn.Module, keep: str, into: list[Any]) -> torch.utils.hooks.RemovableHandle:
+    """Hook ``module`` to append to ``into``, on every call, what ``keep`` says (see TraceField),
+    detached."""
+    if keep in ("input", "call"):
+
+        def before(_module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if keep == "call":
+                into.append((_detached(args), {k: _detached(v) for k, v in kwargs.items()}))
+            else:
+                into.append(_detached(args[0] if args else next(iter(kwargs.values()))))
+
+        return module.register_forward_pre_hook(before, with_kwargs=True)
+    return module.register_forward_hook(lambda _m, _i, out: into.append(_detached(out)))
+
+
+def trace_batch(
+    loaded: LoadedModel,
+    batch: Batch,
+    requires: Iterable[str],
+    seed: int = 0,
+    fields: Mapping[str, TraceField] | None = None,
+) -> Trace:
+    """Run the model once on ``batch`` and capture the fields in ``requires``.
+
+    ``fields`` are the fields plugins registered, by name (``Registry.trace_field_specs()``);
+    built-in names in it are captured as built-ins. Every hook is removed after the forward
+    pass, also when it raises.
+    """
     needed = set(requires)
-    unknown = needed - TRACE_FIELDS
+    extra = {name: f for name, f in (fields or {}).items() if name not in TRACE_FIELDS}
+    unknown = needed - TRACE_FIELDS - set(extra)
     if unknown:
         raise UsageError(
-            f"unknown trace fields {sorted(unknown)}; valid: {', '.join(sorted(TRACE_FIELDS))}"
+            f"unknown trace fields {sorted(unknown)}; valid: "
+            + ", ".join(sorted(TRACE_FIELDS | set(extra)))
         )
     captured: dict[str, list[torch.Tensor]] = {"values": [], "pre_ln1": [], "pre_ln2": []}
+    kept: dict[str, list[Any]] = {name: [] for name in sorted(needed & set(extra))}
     handles = []
     try:
         if needed & {"values", "pre_layernorm"}:
@@ -117,17 +249,16 @@ def trace_batch(loaded: LoadedModel, batch: Batch, requires: Iterable[str], seed
             for layer in range(len(adapter.layers)):
                 if "values" in needed:
                     handles.append(
-                        adapter.module(layer, "value").register_forward_hook(
-                            lambda _m, _i, out: captured["values"].append(out.detach())
-                        )
+                        _keep(adapter.module(layer, "value"), "output", captured["values"])
                     )
                 if "pre_layernorm" in needed:
                     for part, key in (("ln1", "pre_ln1"), ("ln2", "pre_ln2")):
-                        handles.append(
-                            adapter.module(layer, part).register_forward_pre_hook(
-                                lambda _m, args, key=key: captured[key].append(args[0].detach())
-                            )
-                        )
+                        handles.append(_keep(adapter.module(layer, part), "input", captured[key]))
+        if kept:
+            adapter = loaded.adapter
+            for name, into in kept.items():
+                for module in extra[name].hooked_modules(adapter):
+                    handles.append(_keep(module, extra[name].keep, into))
         with torch.no_grad():
             out = loaded.model(
                 **batch.model_inputs(),
@@ -137,6 +268,10 @@ def trace_batch(loaded: LoadedModel, batch: Batch, requires: Iterable[str], seed
     finally:
         for handle in handles:
             handle.remove()
+    plugin_fields = {
+        name: extra[name].collect(values) if extra[name].collect is not None else tuple(values)
+        for name, values in kept.items()
+    }
     return Trace(
         batch=batch,
         loaded=loaded,
@@ -146,5 +281,7 @@ def trace_batch(loaded: LoadedModel, batch: Batch, requires: Iterable[str], seed
         values=tuple(captured["values"]),
         pre_ln1=tuple(captured["pre_ln1"]),
         pre_ln2=tuple(captured["pre_ln2"]),
+        plugin_fields=plugin_fields,
+        field_specs=extra,
         seed=seed,
     )
