@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from attrib_bench import Attribution, EvalContext, Trace
+from attrib_bench import Attribution, EvalContext, Trace, TraceField
 from attrib_bench.conformance import EXAMPLES, LayerNormInputs
 from attrib_bench.plugins import load_registry
 from attrib_bench.testing import ConformanceError, check_attributor, check_evaluator
 
 ROOT = Path(__file__).resolve().parents[1]
+FIELD_PLUGIN = ROOT / "tests" / "plugin_fixtures" / "trace_field_plugin.py"
 BERT = ("bert",)
 
 
@@ -401,6 +402,109 @@ def test_kit_catches_broken_evaluator(plugin):
 
 def test_batch_dependent_evaluator_passes_when_declared():
     check_evaluator(CentredOnBatch(), families=BERT, batch_independent=False)
+
+
+# ----------------------------------------------------------------- plugin trace fields and needs
+
+#: A field defined here, not by any plugin: each layer's key vectors.
+KEYS = TraceField("keys", "L tensors (B, N, D): key vectors", modules="attention.self.key")
+
+
+class KeyNorm:
+    name = "key-norm"
+    description = "Norm of each token's key vector, per layer"
+    requires = frozenset({"keys"})
+
+    def attribute(self, trace: Trace) -> Attribution:
+        norms_BLN = torch.stack([k_BND.norm(dim=-1) for k_BND in trace.need("keys")], dim=1)
+        return Attribution(aggregated_BLN=norms_BLN * trace.mask_BN[:, None, :])
+
+
+def test_the_kit_traces_a_plugins_trace_field():
+    """The example plugin's ffn-norm, with the fields its file registers."""
+    registry = load_registry([FIELD_PLUGIN])
+    fields = registry.trace_field_specs()
+    report = check_attributor(registry.attributor("ffn-norm"), fields=fields)
+    assert {family: shapes["aggregated"][1] for family, shapes in report.shapes.items()} == {
+        "bert": 3,
+        "roberta": 3,
+    }
+    assert report.skipped == {}
+    # An evaluator checked on it traces the field too.
+    check_evaluator(ClsShare(), attributor=registry.attributor("ffn-norm"), fields=fields)
+
+
+def test_the_kit_traces_a_field_defined_in_a_test():
+    report = check_attributor(KeyNorm(), families=BERT, fields={"keys": KEYS})
+    assert report.shapes["bert"]["aggregated"][1] == 3
+
+
+def test_an_unknown_field_names_the_registered_ones_and_the_fix():
+    class Misspelled(KeyNorm):
+        requires = frozenset({"key"})
+
+    with pytest.raises(ConformanceError) as caught:
+        check_attributor(Misspelled(), families=BERT, fields={"keys": KEYS})
+    message = str(caught.value)
+    for part in ["unknown trace fields ['key']", "attentions, hidden_states, keys,", "fields="]:
+        assert part in message, message
+    with pytest.raises(ConformanceError, match=r"unknown trace fields \['keys'\]"):
+        check_attributor(KeyNorm(), families=BERT)  # not registered anywhere
+
+
+def test_a_field_that_cannot_be_captured_is_reported():
+    odd = TraceField("odd", "", modules="no.such.module")
+
+    class ReadsOdd(KeyNorm):
+        requires = frozenset({"odd"})
+
+    with pytest.raises(ConformanceError) as caught:
+        check_attributor(ReadsOdd(), families=BERT, fields={"odd": odd})
+    assert "tracing ['odd'] raised UsageError" in str(caught.value)
+    assert "has no module 'no.such.module'" in str(caught.value)
+
+
+class AbsolutePositionsOnly(LastLayerCls):
+    """Runs on BERT (absolute positions), not on RoBERTa (positions after the padding)."""
+
+    needs = {"positions": "absolute"}
+
+
+class PreLnOnly(LastLayerCls):
+    """Needs pre-LN blocks: no tiny family has them."""
+
+    needs = {"block": "pre-ln"}
+
+
+class UnknownCapability(LastLayerCls):
+    needs = {"layout": "bert"}
+
+
+def test_a_family_the_needs_rule_out_is_skipped_and_named_in_the_report():
+    report = check_attributor(AbsolutePositionsOnly())
+    assert list(report.shapes) == ["bert"]
+    assert list(report.skipped) == ["roberta"]
+    assert "cannot run on model type 'roberta'" in report.skipped["roberta"]
+    assert "it needs absolute positions" in report.skipped["roberta"]
+    evaluated = check_evaluator(ClsShare(), attributor=AbsolutePositionsOnly())
+    assert list(evaluated.shapes) == ["bert"] and list(evaluated.skipped) == ["roberta"]
+
+
+def test_needs_no_family_meets_are_a_problem():
+    with pytest.raises(ConformanceError) as caught:
+        check_attributor(PreLnOnly())
+    message = str(caught.value)
+    for part in [
+        "last-layer-cls cannot run on model type 'bert': it needs pre-LN blocks",
+        "cannot run on model type 'roberta'",
+        "nothing was checked",
+        "declare in `needs` only the capabilities attribute() relies on",
+    ]:
+        assert part in message, message
+    with pytest.raises(ConformanceError, match="run on no family"):
+        check_attributor(AbsolutePositionsOnly(), families=("roberta",))
+    with pytest.raises(ConformanceError, match="bad `needs`: unknown capability 'layout'"):
+        check_attributor(UnknownCapability(), families=BERT)
 
 
 def test_the_attributor_given_to_the_evaluator_check_is_checked_too():

@@ -100,6 +100,80 @@ def test_tensor_megabytes_and_the_standalone_charge():
     ) == pytest.approx(5.5)
 
 
+def test_the_standalone_charge_counts_the_plugin_fields_required():
+    one_mb = torch.zeros(2**20 // 4)
+    trace = SimpleNamespace(
+        attentions=(one_mb,),
+        plugin_fields={"toy": (one_mb, [one_mb]), "unread": (one_mb,)},
+        shared={},
+        accessed=set(),
+    )
+    # 0.5 own + 1 attention tensor + the 2 tensors of "toy"; "unread" is not required
+    assert standalone_megabytes(trace, {"attentions", "toy"}, 0.5, set()) == pytest.approx(3.5)
+    assert standalone_megabytes(trace, {"attentions"}, 0.5, set()) == pytest.approx(1.5)
+
+
+FIELD_MB = 16
+
+#: A plugin trace field of known size: the classification head's output (B, 2), kept with a
+#: block of FIELD_MB; charged to the method that requires it, not to the one that does not.
+FIELD_COST_PLUGIN = f"""
+import torch
+
+import attrib_bench
+
+
+KNOWN_SIZE = attrib_bench.TraceField(
+    name="known_size",
+    doc="the head's output (B, 2) and a block of {FIELD_MB} MB",
+    modules=lambda adapter: [adapter.model.classifier],
+    keep="output",
+    collect=lambda kept: (*kept, torch.ones({FIELD_MB} * 2**20 // 4)),
+)
+
+
+class PositionDecay:
+    def __init__(self, name, requires):
+        self.name = name
+        self.description = f"Position decay ({{name}})"
+        self.requires = frozenset(requires)
+
+    def attribute(self, trace):
+        for name in self.requires:
+            trace.need(name)
+        positions = torch.arange(trace.mask_BN.shape[1], dtype=torch.float32)
+        rows_BN = (1.0 / (1.0 + positions)).expand(trace.mask_BN.shape) * trace.mask_BN
+        return attrib_bench.Attribution(aggregated_BLN=rows_BN[:, None, :])
+
+
+@attrib_bench.hookimpl
+def attrib_bench_trace_fields():
+    return [KNOWN_SIZE]
+
+
+@attrib_bench.hookimpl
+def attrib_bench_attributors():
+    return [PositionDecay("field-free", ()), PositionDecay("field-reader", {{"known_size"}})]
+"""
+
+
+def test_a_plugin_trace_field_is_charged_to_the_method_that_requires_it(
+    tiny_bert, run_cli, tmp_path
+):
+    plugin = tmp_path / "field_cost_plugin.py"
+    plugin.write_text(textwrap.dedent(FIELD_COST_PLUGIN))
+    document, _ = run(
+        run_cli,
+        tmp_path,
+        *("--model", tiny_bert, "--plugin", plugin, "--batch-size", "2"),
+        *("--attributors", "field-free,field-reader"),
+    )
+    methods = document["methods"]
+    # Both read the one trace holding the field; only the reader is charged it, in full.
+    assert FIELD_MB <= methods["field-reader"]["peak_memory_mb"] < FIELD_MB + 2
+    assert methods["field-free"]["peak_memory_mb"] < 4
+
+
 def run(run_cli, tmp_path, *args):
     output = tmp_path / "result.json"
     code, out, err = run_cli("run", *args, "--limit", "4", "--quiet", "--output", output)

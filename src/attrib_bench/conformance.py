@@ -6,6 +6,10 @@ that an example's scores do not depend on its batch companions or its padding, a
 fixes them. ``check_attributor`` and ``check_evaluator`` (re-exported by attrib_bench.testing)
 check both, plus the interface, on a tiny random BERT and RoBERTa built offline in seconds, and
 raise one ConformanceError listing every problem with what to fix.
+
+Traces capture the built-in fields and those plugins register (the installed plugins', plus any
+passed as ``fields``); an attributor's ``needs`` are applied as the runner applies them: a family
+that does not offer them is skipped (and named in the report), none offering them is a problem.
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ import shutil
 import tempfile
 import textwrap
 import traceback
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +28,10 @@ import torch
 
 from attrib_bench.data.batches import make_batches
 from attrib_bench.interfaces import KINDS, Attribution, Batch, EvalContext, Example
+from attrib_bench.model.architectures import needs_problem
 from attrib_bench.model.load import LoadedModel, load_model
-from attrib_bench.model.trace import TRACE_FIELDS, Trace, trace_batch
+from attrib_bench.model.trace import TRACE_FIELDS, Trace, TraceField, trace_batch
+from attrib_bench.plugins import load_registry
 from attrib_bench.runner import check_scores
 
 FAMILIES = ("bert", "roberta")
@@ -165,42 +171,55 @@ def _reference(trace: Trace) -> Attribution:
 
 @dataclass
 class AttributorReport:
-    """What check_attributor saw: per family, per kind, the shape (B, L, N) of a padded batch."""
+    """What check_attributor saw: per family, per kind, the shape (B, L, N) of a padded batch;
+    ``skipped``: the families whose architecture the attributor's ``needs`` rule out, and why."""
 
     name: str
     shapes: dict[str, dict[str, tuple[int, ...]]]
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
 class EvaluatorReport:
-    """What check_evaluator saw: per family, per key, the shape (L, B) of a batch's scores."""
+    """What check_evaluator saw: per family, per key, the shape (L, B) of a batch's scores;
+    ``skipped``: the families the given attributor's ``needs`` rule out, and why."""
 
     name: str
     shapes: dict[str, dict[str, tuple[int, int]]]
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 def check_attributor(
-    obj: Any, families: Sequence[str] = FAMILIES, seed: int = 0
+    obj: Any,
+    families: Sequence[str] = FAMILIES,
+    seed: int = 0,
+    fields: Mapping[str, TraceField] | None = None,
 ) -> AttributorReport:
     """Run ``obj`` on each family's tiny random model; raise a ConformanceError naming every
     problem and its fix, or return the shapes seen.
 
-    Checks: ``name``, ``description``, ``requires`` (trace fields); every attribution passes
-    the runner's own check (Attribution.problem), traced with only what ``requires`` declares;
-    no example's rows are all zero; each example alone gets the rows it gets in a padded batch
-    of all (relative 1e-4, absolute 1e-5 of the row's largest score: float32 rounding); two
-    calls with ``seed`` give identical rows.
+    Checks: ``name``, ``description``, ``requires`` (trace fields: the built-ins, those the
+    installed plugins register, and ``fields``, by name: a field not installed, such as one a
+    test defines or a ``--plugin`` file's), ``needs``; every attribution passes the runner's
+    own check (Attribution.problem), traced with only what ``requires`` declares; no example's
+    rows are all zero; each example alone gets the rows it gets in a padded batch of all
+    (relative 1e-4, absolute 1e-5 of the row's largest score: float32 rounding); two calls
+    with ``seed`` give identical rows. A family whose architecture does not offer what
+    ``needs`` declares is skipped, as the runner skips it (``report.skipped``); a problem when
+    no family offers it.
     """
-    _raise(obj, [("", message) for message in _attributor_interface(obj)])
-    problems, shapes = [], {}
-    for family in families:
+    known, problems = _trace_fields(fields)
+    _raise(obj, [("", message) for message in problems + _attributor_interface(obj, known)])
+    runnable, problems, skipped = _runnable(obj, families)
+    shapes = {}
+    for family in runnable:
         try:
-            shapes[family], found = _attributor_problems(obj, tiny_model(family), seed)
+            shapes[family], found = _attributor_problems(obj, tiny_model(family), seed, known)
         except _Unusable as error:
             found = [str(error)]
         problems += [(family, message) for message in found]
     _raise(obj, problems)
-    return AttributorReport(obj.name, shapes)
+    return AttributorReport(obj.name, shapes, skipped)
 
 
 def check_evaluator(
@@ -209,6 +228,7 @@ def check_evaluator(
     families: Sequence[str] = FAMILIES,
     seed: int = 0,
     batch_independent: bool = True,
+    fields: Mapping[str, TraceField] | None = None,
 ) -> EvaluatorReport:
     """Score ``attributor``'s attributions (default LayerNormInputs: L layers, both kinds) with
     ``obj`` on each family's tiny random model; raise a ConformanceError naming every problem
@@ -219,21 +239,73 @@ def check_evaluator(
     an attribution that is zero everywhere (constant rows) is scored, NaN allowed, without
     raising; two calls with ``seed`` give identical scores; unless not ``batch_independent``,
     each example scored alone gets the score it gets in the batch of all. The examples carry
-    labels and word rationales; ``context.attributor`` is ``attributor``.
+    labels and word rationales; ``context.attributor`` is ``attributor``. Traces capture the
+    fields check_attributor's do (``fields``: see there), and a family ``attributor``'s
+    ``needs`` rule out is skipped (``report.skipped``).
     """
     method = LayerNormInputs() if attributor is None else attributor
-    _raise(obj, [("", message) for message in _evaluator_interface(obj)])
-    problems, shapes = [], {}
-    for family in families:
+    known, problems = _trace_fields(fields)
+    _raise(obj, [("", message) for message in problems + _evaluator_interface(obj)])
+    runnable, problems, skipped = _runnable(method, families, f"the attributor {method.name!r}")
+    shapes = {}
+    for family in runnable:
         try:
             shapes[family], found = _evaluator_problems(
-                obj, method, tiny_model(family), seed, batch_independent
+                obj, method, tiny_model(family), seed, batch_independent, known
             )
         except _Unusable as error:
             found = [str(error)]
         problems += [(family, message) for message in found]
     _raise(obj, problems)
-    return EvaluatorReport(obj.name, shapes)
+    return EvaluatorReport(obj.name, shapes, skipped)
+
+
+def _trace_fields(
+    fields: Mapping[str, TraceField] | None,
+) -> tuple[dict[str, TraceField], list[str]]:
+    """The fields a trace can capture here: the installed plugins' (built-ins included), then
+    ``fields``; and what is wrong with those given. Built-in names in ``fields`` (as in
+    ``Registry.trace_field_specs()``) stay the built-ins, as in trace_batch."""
+    known = load_registry().trace_field_specs()
+    problems = []
+    for name, trace_field in (fields or {}).items():
+        if name in TRACE_FIELDS:
+            continue
+        if not isinstance(trace_field, TraceField):
+            problems.append(
+                f"fields[{name!r}] is a {type(trace_field).__name__}; pass attrib_bench.TraceField "
+                "objects by name"
+            )
+        elif trace_field.problem() is not None:
+            problems.append(f"bad trace field in `fields`: {trace_field.problem()}")
+        else:
+            known[name] = trace_field
+    return known, problems
+
+
+def _runnable(
+    method: Any, families: Sequence[str], who: str = "it"
+) -> tuple[list[str], list[tuple[str, str]], dict[str, str]]:
+    """The families ``method``'s ``needs`` allow, as the runner applies them, the problem when
+    none of them does, and why each other one is skipped."""
+    runnable, skipped = [], {}
+    for family in families:
+        unmet = tiny_model(family).unmet_needs(method)
+        if unmet is None:
+            runnable.append(family)
+        else:
+            skipped[family] = unmet
+    problems = []
+    if families and not runnable:
+        problems = [
+            (
+                family,
+                f"{unmet}: {who} was run on no family, so nothing was checked; declare in "
+                "`needs` only the capabilities attribute() relies on",
+            )
+            for family, unmet in skipped.items()
+        ]
+    return runnable, problems, skipped
 
 
 def _raise(obj: Any, problems: list[tuple[str, str]]) -> None:
@@ -261,20 +333,28 @@ def _named_problems(obj: Any) -> list[str]:
     return problems
 
 
-def _attributor_interface(obj: Any) -> list[str]:
+def _attributor_interface(obj: Any, known: Mapping[str, TraceField]) -> list[str]:
     problems = _named_problems(obj)
     requires = getattr(obj, "requires", None)
-    valid = ", ".join(sorted(TRACE_FIELDS))
+    names = TRACE_FIELDS | set(known)
+    valid = ", ".join(sorted(names))
     if not isinstance(requires, (set, frozenset)):
         problems.append(
             f"set `requires`, a frozenset of the trace fields attribute() reads (among {valid}), "
             f"not {requires!r}"
         )
-    elif requires - TRACE_FIELDS:
+    elif requires - names:
         problems.append(
-            f"`requires` names unknown trace fields {sorted(map(str, requires - TRACE_FIELDS))}; "
-            f"valid: {valid}"
+            f"`requires` names unknown trace fields {sorted(map(str, requires - names))}; "
+            f"valid: {valid}; a plugin's own field is registered by its attrib_bench_trace_fields "
+            "hook (install the plugin, or pass the field as check_attributor(..., "
+            "fields={name: TraceField(...)}))"
         )
+    needs = getattr(obj, "needs", {})
+    if not isinstance(needs, Mapping):
+        problems.append(f"`needs` must be a dict (capability -> value), not {needs!r}")
+    elif needs_problem(needs) is not None:
+        problems.append(f"bad `needs`: {needs_problem(needs)}")
     if not callable(getattr(obj, "attribute", None)):
         problems.append("define `attribute(self, trace) -> attrib_bench.Attribution`")
     return problems
@@ -386,8 +466,24 @@ def _example(example_id: str) -> str:
     return repr(textwrap.shorten(text, 40, placeholder=" ..."))
 
 
+def _trace(
+    loaded: LoadedModel,
+    items: Sequence[Example],
+    requires: Any,
+    seed: int,
+    fields: Mapping[str, TraceField],
+) -> Trace:
+    """The trace of ``items`` with ``requires``; a field that cannot be captured is unusable."""
+    try:
+        return trace_batch(loaded, _batch(loaded, items), requires, seed, fields)
+    except Exception as error:
+        raise _Unusable(
+            f"tracing {sorted(requires)} raised {type(error).__name__}: {error}"
+        ) from error
+
+
 def _attributor_problems(
-    obj: Any, loaded: LoadedModel, seed: int
+    obj: Any, loaded: LoadedModel, seed: int, fields: Mapping[str, TraceField]
 ) -> tuple[dict[str, tuple[int, ...]], list[str]]:
     """The shapes of ``obj``'s rows for a padded batch, and its problems on ``loaded``.
 
@@ -396,7 +492,7 @@ def _attributor_problems(
     """
 
     def attribute(items: Sequence[Example]) -> tuple[Batch, Attribution]:
-        trace = trace_batch(loaded, _batch(loaded, items), obj.requires, seed)
+        trace = _trace(loaded, items, obj.requires, seed, fields)
         return trace.batch, _attribute(obj, trace)
 
     together, again = attribute(EXAMPLES), attribute(EXAMPLES)
@@ -450,13 +546,14 @@ def _score(
     loaded: LoadedModel,
     items: Sequence[Example],
     seed: int,
+    fields: Mapping[str, TraceField],
     constant: bool = False,
 ) -> dict[str, dict[str, np.ndarray]]:
     """``obj``'s checked scores of ``method``'s attribution of ``items`` (zero everywhere when
     ``constant``), per key and example id: columns (L,)."""
     requires = set(method.requires) | ({"pre_layernorm"} if obj.needs_reference else set())
-    trace = trace_batch(loaded, _batch(loaded, items), requires, seed)
     try:
+        trace = _trace(loaded, items, requires, seed, fields)
         attribution = _attribute(method, trace)
     except _Unusable as error:
         raise _Unusable(
@@ -492,14 +589,19 @@ def _score(
 
 
 def _evaluator_problems(
-    obj: Any, method: Any, loaded: LoadedModel, seed: int, batch_independent: bool
+    obj: Any,
+    method: Any,
+    loaded: LoadedModel,
+    seed: int,
+    batch_independent: bool,
+    fields: Mapping[str, TraceField],
 ) -> tuple[dict[str, tuple[int, int]], list[str]]:
     """The shapes of ``obj``'s scores for a batch, and its problems on ``loaded``."""
-    together = _score(obj, method, loaded, EXAMPLES, seed)
+    together = _score(obj, method, loaded, EXAMPLES, seed, fields)
     shapes = {key: (len(next(iter(by_id.values()))), len(by_id)) for key, by_id in together.items()}
     problems = []
     try:
-        constant = _score(obj, method, loaded, EXAMPLES, seed, constant=True)
+        constant = _score(obj, method, loaded, EXAMPLES, seed, fields, constant=True)
     except _Unusable as error:
         problems.append(str(error))
         constant = {}
@@ -510,7 +612,7 @@ def _evaluator_problems(
                 f"{', '.join(infinite)} scores{what} are infinite: return a finite score, or NaN "
                 "for an example that cannot be scored (NaN is counted, never averaged)"
             )
-    again = _score(obj, method, loaded, EXAMPLES, seed)
+    again = _score(obj, method, loaded, EXAMPLES, seed, fields)
     varying = set()
     for key, by_id in together.items():
         varied = _differences(by_id, again.get(key, {}), None)
@@ -526,7 +628,7 @@ def _evaluator_problems(
     if batch_independent:
         # Scores that vary from call to call vary with the batch too: no news.
         steady = {key: by_id for key, by_id in together.items() if key not in varying}
-        problems += _batch_problems(obj, method, loaded, seed, steady)
+        problems += _batch_problems(obj, method, loaded, seed, steady, fields)
     return shapes, problems
 
 
@@ -565,12 +667,13 @@ def _batch_problems(
     loaded: LoadedModel,
     seed: int,
     together: dict[str, dict[str, np.ndarray]],
+    fields: Mapping[str, TraceField],
 ) -> list[str]:
     """Each example scored alone must get its score in the batch of all."""
     alone: dict[str, dict[str, np.ndarray]] = {}
     for item in EXAMPLES:
         try:
-            scores = _score(obj, method, loaded, [item], seed)
+            scores = _score(obj, method, loaded, [item], seed, fields)
         except _Unusable as error:
             return [f"on a batch of one example ({item.text!r}): {error}"]
         for key, by_id in scores.items():

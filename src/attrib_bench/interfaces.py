@@ -135,9 +135,11 @@ class Attribution:
 class Attributor(Protocol):
     """A token-attribution method.
 
-    ``requires`` names the trace fields it reads ("attentions", "hidden_states", "values",
-    "pre_layernorm"); the runner captures their union in one forward pass per batch. A costly
-    method may set ``in_default_run = False``: it then runs only when selected by name.
+    ``requires`` names the trace fields it reads: the built-ins ("attentions", "hidden_states",
+    "values", "pre_layernorm") and any field a plugin registers with the
+    ``attrib_bench_trace_fields`` hook (a TraceField, read with ``trace.need(name)``); the runner
+    captures their union in one forward pass per batch. A costly method may set
+    ``in_default_run = False``: it then runs only when selected by name.
     """
 
     name: str

@@ -120,7 +120,8 @@ def tensor_megabytes(value: Any) -> float:
     return 0.0
 
 
-#: Trace attributes behind each name an attributor may list in ``requires``.
+#: Trace attributes behind each built-in name an attributor may list in ``requires``; a field
+#: a plugin registers is ``trace.plugin_fields[name]``.
 _TRACE_ATTRIBUTES = {
     "attentions": ("attentions",),
     "hidden_states": ("hidden_states",),
@@ -134,9 +135,16 @@ def standalone_megabytes(
 ) -> float:
     """A method's memory as if run alone, mirroring ``Trace.standalone_seconds``.
 
-    Its own peak above the start of its call, plus the trace fields it declares and every shared
-    intermediate it read that another method computed first (which its own peak cannot see).
+    Its own peak above the start of its call, plus the trace fields it declares (built-in or
+    registered by a plugin) and every shared intermediate it read that another method computed
+    first (which its own peak cannot see).
     """
-    fields = [getattr(trace, a) for name in requires for a in _TRACE_ATTRIBUTES.get(name, ())]
+    plugin_fields = getattr(trace, "plugin_fields", {})
+    fields = [
+        getattr(trace, attribute)
+        for name in requires
+        for attribute in _TRACE_ATTRIBUTES.get(name, ())
+    ]
+    fields += [plugin_fields[name] for name in requires if name in plugin_fields]
     shared = [trace.shared[key] for key in trace.accessed & computed_before if key in trace.shared]
     return peak_megabytes + tensor_megabytes(fields) + tensor_megabytes(shared)
