@@ -1,7 +1,8 @@
 """Faithfulness by erasure (ERASER; the DecompX protocol): remove what a method ranks highest.
 
 Definitions (DeYoung et al., "ERASER", ACL 2020, section 4.2; AOPC after Samek et al. 2017),
-with y the class the model predicts on the full input x and p(y | .) its probability:
+with y the run's target class (``Trace.target_classes_B``: by default the class the model
+predicts on the full input x; the label for ``--target score=gold``) and p(y | .) its probability:
 
 - comprehensiveness = p(y | x) - p(y | x minus its top-k% tokens)   (higher: more faithful)
 - sufficiency       = p(y | x) - p(y | only the top-k% tokens)      (lower: more faithful)
@@ -10,7 +11,7 @@ each averaged over the bins k of ``ratios`` (AOPC; default 10%, 20%, ..., 90%; E
 bins are ``ratios=0.01/0.05/0.1/0.2/0.5``). ``deletion`` and ``insertion`` are the
 same two erasures read as curves over ``ratios`` (default 0%, 10%, ..., 100%): the area under
 p(y | .) by the trapezoid rule, normalised to the ratio range (deletion: lower is better;
-insertion: higher). ``log-odds`` (Shrikumar et al. 2017) is the drop of the predicted class's
+insertion: higher). ``log-odds`` (Shrikumar et al. 2017) is the drop of the target class's
 log-odds log(p / (1 - p)) when the top 20% are removed (higher is better), and
 ``masked-accuracy`` is the model's accuracy against the gold label after erasure, averaged over
 the bins (DecompX's ACC; ``mode=remove``: lower is better, ``mode=keep``: higher).
@@ -184,10 +185,10 @@ class Erasure(Configurable, ABC):
     def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
         erased_RBC = self.erased(attribution, context)
         original_BC = torch.log_softmax(context.trace.logits_BC.double(), dim=-1).cpu().numpy()
-        predicted_B = context.trace.predicted_B.cpu().numpy()
-        columns = np.arange(len(predicted_B))
-        chosen_RB = erased_RBC[:, columns, predicted_B]
-        per_example = self.reduce(original_BC[columns, predicted_B], chosen_RB, erased_RBC, context)
+        classes_B = context.trace.target_classes_B.cpu().numpy()
+        columns = np.arange(len(classes_B))
+        chosen_RB = erased_RBC[:, columns, classes_B]
+        per_example = self.reduce(original_BC[columns, classes_B], chosen_RB, erased_RBC, context)
         return {"aggregated": per_example[None, :]}
 
     @abstractmethod
@@ -262,15 +263,15 @@ def log_odds(log_probs_BC: np.ndarray, classes_B: np.ndarray) -> np.ndarray:
 
 class LogOdds(Erasure):
     name = "log-odds"
-    description = "Drop of the predicted class's log-odds when the top 20% are removed"
+    description = "Drop of the target class's log-odds when the top 20% are removed"
     parameters = {**Erasure.parameters, "ratios": "0.2"}
 
     def reduce(self, original_B, erased_RB, erased_RBC, context):
         trace = context.trace
-        predicted_B = trace.predicted_B.cpu().numpy()
+        classes_B = trace.target_classes_B.cpu().numpy()
         original_BC = torch.log_softmax(trace.logits_BC.double(), dim=-1).cpu().numpy()
-        after_RB = np.stack([log_odds(erased_BC, predicted_B) for erased_BC in erased_RBC])
-        return (log_odds(original_BC, predicted_B)[None, :] - after_RB).mean(axis=0)
+        after_RB = np.stack([log_odds(erased_BC, classes_B) for erased_BC in erased_RBC])
+        return (log_odds(original_BC, classes_B)[None, :] - after_RB).mean(axis=0)
 
 
 class MaskedAccuracy(Erasure):

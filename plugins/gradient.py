@@ -1,8 +1,11 @@
 """Gradient methods at the embedding output, through Captum (../shared/specs/evaluation.md).
 
 The attribution is taken at the output of the embedding module (``hidden_states[0]``: after
-the embedding LayerNorm) for the logit of the predicted class (``target=gold``: the label), and
-reduced per token by the L2 norm over the hidden dimension (``reduce=sum``: signed sum).
+the embedding LayerNorm) for the run's target score (attrib_bench.target: by default the logit
+of the predicted class; ``target=predicted|gold`` on the method overrides it with that class's
+logit), and reduced per token by the L2 norm over the hidden dimension (``reduce=sum``: signed
+sum). A contrastive score (two logits' difference) is no single output Captum could select, so
+the forward function then returns the score itself.
 """
 
 from __future__ import annotations
@@ -14,51 +17,74 @@ import torch
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, Trace, UsageError
+from attrib_bench.target import target_score
 
 
 def _forward(model: torch.nn.Module) -> Callable[..., torch.Tensor]:
-    def forward(input_ids, attention_mask, token_type_ids=None, position_ids=None):
-        return model(
+    """Logits, or with ``foils`` the contrastive score (Captum expands every argument per step)."""
+
+    def forward(
+        input_ids, attention_mask, token_type_ids=None, position_ids=None, classes=None, foils=None
+    ):
+        logits = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
         ).logits
+        return logits if foils is None else target_score(logits, classes, foils)
 
     return forward
 
 
-def _target(trace: Trace, choice: str) -> torch.Tensor:
+def _explained(trace: Trace, choice: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The classes (and contrastive foils) whose score is differentiated: the run's target
+    score for ``run``, else the logit of the class the method's ``target=`` names."""
+    if choice == "run":
+        return trace.target_classes_B, trace.target_foils_B
     if choice == "predicted":
-        return trace.predicted_B
+        return trace.predicted_B, None
     labels = trace.batch.labels
     if labels is None:
         raise UsageError("target=gold needs a label for every example; this dataset has none")
-    return labels
+    return labels, None
+
+
+def _captum_arguments(
+    trace: Trace,
+    classes_B: torch.Tensor,
+    foils_B: torch.Tensor | None,
+    position_ids: torch.Tensor | None = None,
+) -> dict:
+    """Captum's ``target`` and ``additional_forward_args`` for the explained score."""
+    batch = trace.batch
+    args = (batch.attention_mask_BN, batch.token_type_ids_BN, position_ids)
+    if foils_B is None:
+        return {"target": classes_B, "additional_forward_args": args}
+    return {"target": None, "additional_forward_args": (*args, classes_B, foils_B)}
 
 
 class _EmbeddingGradient(Configurable, ABC):
     requires = frozenset()
-    parameters = {"target": "predicted", "reduce": "l2"}
-    choices = {"target": ("predicted", "gold"), "reduce": ("l2", "sum")}
+    parameters = {"target": "run", "reduce": "l2"}
+    choices = {"target": ("run", "predicted", "gold"), "reduce": ("l2", "sum")}
 
     @abstractmethod
-    def per_dimension(self, trace: Trace, target: torch.Tensor) -> torch.Tensor:
+    def per_dimension(
+        self, trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None
+    ) -> torch.Tensor:
         """Attribution at the embedding output, (B, N, D); each subclass is one Captum method."""
 
     def attribute(self, trace: Trace) -> Attribution:
         batch = trace.batch
-        values_BND = self.per_dimension(trace, _target(trace, self.params["target"])).detach()
+        classes_B, foils_B = _explained(trace, self.params["target"])
+        values_BND = self.per_dimension(trace, classes_B, foils_B).detach()
         if self.params["reduce"] == "l2":
             scores_BN = values_BND.norm(dim=-1)
         else:
             scores_BN = values_BND.sum(dim=-1)
         scores_BN = scores_BN * batch.attention_mask_BN
         return Attribution(aggregated_BLN=scores_BN[:, None, :])
-
-    def _args(self, trace: Trace) -> tuple:
-        batch = trace.batch
-        return (batch.attention_mask_BN, batch.token_type_ids_BN)
 
 
 class Saliency(_EmbeddingGradient):
@@ -68,7 +94,9 @@ class Saliency(_EmbeddingGradient):
     description = "Gradient x input at the embedding output, L2 per token (Captum)"
     multiply_by_inputs = True
 
-    def per_dimension(self, trace: Trace, target: torch.Tensor) -> torch.Tensor:
+    def per_dimension(
+        self, trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None
+    ) -> torch.Tensor:
         from captum.attr import LayerGradientXActivation  # captum imports matplotlib: 0.6 s
 
         method = LayerGradientXActivation(
@@ -77,7 +105,7 @@ class Saliency(_EmbeddingGradient):
             multiply_by_inputs=self.multiply_by_inputs,
         )
         return method.attribute(
-            trace.batch.input_ids_BN, target=target, additional_forward_args=self._args(trace)
+            trace.batch.input_ids_BN, **_captum_arguments(trace, classes_B, foils_B)
         )
 
 
@@ -104,7 +132,9 @@ class IntegratedGradients(_EmbeddingGradient):
         if self.params["steps"] < 1:
             raise UsageError(f"integrated-gradients:steps must be >= 1, got {self.params}")
 
-    def per_dimension(self, trace: Trace, target: torch.Tensor) -> torch.Tensor:
+    def per_dimension(
+        self, trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None
+    ) -> torch.Tensor:
         batch = trace.batch
         pad_id = trace.loaded.tokenizer.pad_token_id
         baseline = torch.where(
@@ -118,10 +148,8 @@ class IntegratedGradients(_EmbeddingGradient):
         return method.attribute(
             batch.input_ids_BN,
             baselines=baseline,
-            target=target,
-            additional_forward_args=(
-                *self._args(trace),
-                trace.adapter.position_ids(batch.input_ids_BN),
+            **_captum_arguments(
+                trace, classes_B, foils_B, trace.adapter.position_ids(batch.input_ids_BN)
             ),
             n_steps=self.params["steps"],
             internal_batch_size=self.params["internal_batch_size"],

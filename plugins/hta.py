@@ -7,8 +7,9 @@ The contribution of input token i (its embedding output x_i) to hidden token j a
 ``norm=frobenius`` (default) takes the Frobenius norm of the exact d x d Jacobian block: d
 backward passes per layer, vectorised with ``torch.func.jacrev``/``vmap``. ``norm=sum``
 differentiates the sum of e_j^l's coordinates (one backward pass per layer and target) and takes
-the L2 norm of that gradient. The attributor reports j = [CLS] per layer; each layer's row already
-accounts for every layer below it, so it is the "aggregated" row (there is no single-layer row).
+the L2 norm of that gradient. The attributor reports j = the run's target token per layer ([CLS]
+by default; ``Trace.target_positions_B``); each layer's row already accounts for every layer
+below it, so it is the "aggregated" row (there is no single-layer row).
 Examples run one at a time on their real tokens, so padding never enters.
 """
 
@@ -33,11 +34,13 @@ class HiddenTokenAttribution(Configurable):
     def attribute(self, trace: Trace) -> Attribution:
         x_BND = trace.hidden_states[0]
         scores_BLN = torch.zeros(x_BND.shape[0], trace.num_layers, x_BND.shape[1])
+        positions = trace.target_positions_B.tolist()
         for row, length in enumerate(trace.batch.lengths):
             rows_L1N = contributions(
                 trace.loaded,
                 x_BND[row, :length],
                 self.params["norm"],
+                targets=(positions[row],),
                 chunk_size=self.params["chunk_size"],
             )
             scores_BLN[row, :, :length] = rows_L1N[:, 0].cpu()

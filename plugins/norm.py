@@ -43,7 +43,9 @@ class NormVariant(Configurable):
 
     def attribute(self, trace: Trace) -> Attribution:
         matrices = [layer[self.name] for layer in norm_family(trace)]
-        return layerwise_attribution(matrices, trace.mask_BN, self.params["normalize_rows"])
+        return layerwise_attribution(
+            matrices, trace.mask_BN, self.params["normalize_rows"], trace.target_positions_B
+        )
 
 
 class NormFixedResidual(Configurable):
@@ -64,7 +66,7 @@ class NormFixedResidual(Configurable):
         matrices = [
             fixed_residual(layer["norm"], trace.mask_BN, ratio) for layer in norm_family(trace)
         ]
-        return layerwise_attribution(matrices, trace.mask_BN)
+        return layerwise_attribution(matrices, trace.mask_BN, positions_B=trace.target_positions_B)
 
 
 class AttentionResidual(Configurable):
@@ -84,7 +86,7 @@ class AttentionResidual(Configurable):
             context_BNK = normalize_rows(attention_BNK * (1 - eye))
             ratio_BN1 = layer["mixing_ratio"][..., None]
             matrices.append(ratio_BN1 * context_BNK + (1 - ratio_BN1) * eye)
-        return layerwise_attribution(matrices, trace.mask_BN)
+        return layerwise_attribution(matrices, trace.mask_BN, positions_B=trace.target_positions_B)
 
 
 @attrib_bench.hookimpl

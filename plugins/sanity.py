@@ -104,10 +104,11 @@ class ModelRandomization(Configurable):
             for module in modules:
                 reinitialize(module, std, generator)
             randomized_trace = trace_batch(
-                loaded, batch, requires, trace.seed, fields=trace.field_specs
+                loaded, batch, requires, trace.seed, fields=trace.field_specs, target=trace.target
             )
             if self.params["target"] == "trained":
-                # A trace's logits serve to name the predicted class (Trace.predicted_B).
+                # A trace's logits name its predicted class (Trace.predicted_B, and the target
+                # class and runner-up foil: Trace.target_classes_B, target_foils_B).
                 randomized_trace.logits_BC = trace.logits_BC
             randomized = context.attributor.attribute(randomized_trace)
             random_BN = scored_row(randomized, self.params["layer"]).detach().cpu().numpy()

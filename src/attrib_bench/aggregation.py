@@ -1,8 +1,9 @@
 """Aggregation across layers (rollout) and the residual mixing shared by attention-family methods.
 
 Conventions follow ../shared/specs/attention-family.md: R^1 = M^1, R^l = M^l @ R^(l-1) (the later
-layer multiplies on the left); the attribution of the classification token at layer l is row 0 of
-R^l. Padded rows and columns are zeroed so that padding never leaks into real rows.
+layer multiplies on the left); the attribution of the target token at layer l is its row of R^l
+(row 0, the classification token, unless the run's target says otherwise: attrib_bench.target).
+Padded rows and columns are zeroed so that padding never leaks into real rows.
 """
 
 from __future__ import annotations
@@ -35,28 +36,45 @@ def fixed_residual(matrix_BNK: torch.Tensor, mask_BN: torch.Tensor, ratio: float
     return mix_identity(normalize_rows(matrix_BNK), mask_BN, ratio)
 
 
-def rollout(matrices: list[torch.Tensor], mask_BN: torch.Tensor) -> torch.Tensor:
-    """Row 0 of R^l for every layer: (B, L, N), from per-layer matrices M^l of shape (B, N, N)."""
+def target_rows(matrix_BNK: torch.Tensor, positions_B: torch.Tensor | None) -> torch.Tensor:
+    """Each example's row at its target position, (B, K); row 0 when ``positions_B`` is None."""
+    if positions_B is None:
+        return matrix_BNK[:, 0, :]
+    examples = torch.arange(matrix_BNK.shape[0], device=matrix_BNK.device)
+    return matrix_BNK[examples, positions_B.to(matrix_BNK.device), :]
+
+
+def rollout(
+    matrices: list[torch.Tensor], mask_BN: torch.Tensor, positions_B: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The target rows of R^l for every layer: (B, L, N), from per-layer M^l of shape (B, N, N).
+
+    ``positions_B``: each example's target token (``Trace.target_positions_B``); None reads row 0.
+    """
     keep = pair_mask(mask_BN).bool()
     rows = []
     product = None
     for matrix in matrices:
         matrix = torch.where(keep, matrix, 0.0)
         product = matrix if product is None else matrix @ product
-        rows.append(product[:, 0, :])
+        rows.append(target_rows(product, positions_B))
     return torch.stack(rows, dim=1)
 
 
 def layerwise_attribution(
-    matrices: list[torch.Tensor], mask_BN: torch.Tensor, normalize: bool = False
+    matrices: list[torch.Tensor],
+    mask_BN: torch.Tensor,
+    normalize: bool = False,
+    positions_B: torch.Tensor | None = None,
 ) -> Attribution:
-    """Local rows (row 0 of each M^l) and aggregated rows (row 0 of each R^l) of one method.
+    """Local rows (the target row of each M^l) and aggregated rows (of each R^l) of one method.
 
-    ``normalize`` rescales each M^l's rows to sum to 1 before rolling out.
+    ``normalize`` rescales each M^l's rows to sum to 1 before rolling out; ``positions_B`` is
+    each example's target token (``Trace.target_positions_B``; None reads row 0).
     """
     keep = pair_mask(mask_BN).bool()
     matrices = [torch.where(keep, m, 0.0) for m in matrices]  # padded rows may hold NaN
     if normalize:
         matrices = [normalize_rows(m) for m in matrices]
-    local = torch.stack([m[:, 0, :] for m in matrices], dim=1)
-    return Attribution(aggregated_BLN=rollout(matrices, mask_BN), local_BLN=local)
+    local = torch.stack([target_rows(m, positions_B) for m in matrices], dim=1)
+    return Attribution(aggregated_BLN=rollout(matrices, mask_BN, positions_B), local_BLN=local)

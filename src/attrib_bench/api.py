@@ -29,8 +29,9 @@ def run(
 
     ``config`` is an optional TOML file; ``settings`` override it with the same keys
     (``model``, ``dataset``, ``split``, ``limit``, ``attributors=[...]``, ``evaluators=[...]``,
-    ``reference``, ``seed``, ``batch_size``, ``device``, ``plugins=[...]``, ``cache=False``).
-    The result is written to ``output`` (or the file's ``output``) when one is given.
+    ``reference``, ``seed``, ``target``, ``batch_size``, ``device``, ``plugins=[...]``,
+    ``cache=False``). The result is written to ``output`` (or the file's ``output``) when one is
+    given.
     """
     from attrib_bench.config import make_plan
 

@@ -31,7 +31,7 @@ def head_mean_attention(trace: Trace) -> list[torch.Tensor]:
 
 
 class AttentionFamily(Configurable, ABC):
-    """M^l per layer; ``residual=r`` > 0 mixes in r * I per layer; local rows and rollout.
+    """M^l per layer; ``residual=r`` > 0 mixes in r * I per layer; target rows and rollout.
 
     Subclasses set ``name``, ``description`` and ``requires`` and define ``layer_matrices``.
     """
@@ -57,4 +57,4 @@ class AttentionFamily(Configurable, ABC):
         ratio = self.params["residual"]
         if ratio > 0:
             matrices = [self.with_residual(m, trace.mask_BN, ratio) for m in matrices]
-        return layerwise_attribution(matrices, trace.mask_BN)
+        return layerwise_attribution(matrices, trace.mask_BN, positions_B=trace.target_positions_B)

@@ -19,7 +19,7 @@ from attrib_bench.runner import MethodState, Prepared, RunConfig, attribution_st
 def write_attributions(config: RunConfig, output: Path, quiet: bool = False) -> bool:
     """Write every selected method's rows for every example; False if a method failed.
 
-    ``aggregated``: a list over layers of [CLS]-row scores over all real tokens, special tokens
+    ``aggregated``: a list over layers of target-row scores over all real tokens, special tokens
     included (one entry for whole-model methods); ``local``: the single-layer rows, or null.
     """
     torch.manual_seed(config.seed)

@@ -3,9 +3,9 @@
 One entry per (method, example) holds the example's tokens, the method's rows over them, the
 seconds the method took for it, and its per-example scores per evaluator. Keys:
 
-- **method key**: sha256 of the model (weights hash, config), seed, device type, the torch,
-  transformers and captum versions, a digest of attrib-bench's numeric core, and the method
-  itself: name, parameters after defaults are applied (``rollout`` and
+- **method key**: sha256 of the model (weights hash, config), seed, attribution target, device
+  type, the torch, transformers and captum versions, a digest of attrib-bench's numeric core,
+  and the method itself: name, parameters after defaults are applied (``rollout`` and
   ``rollout:residual=0.5`` share entries), its ``version`` attribute (``"0"`` if absent), the
   plugin's distribution and version (or file), and a digest of its package's source files.
 - **example key**: sha256 of the example (id, text, pair, label, rationale) and of its model
@@ -159,6 +159,7 @@ def run_identity(prepared: Prepared, seed: int) -> dict[str, Any]:
         "weights_sha256": loaded.weights_sha256,
         "model_config": digest(config),
         "seed": seed,
+        "target": str(prepared.target),
         "device": loaded.device.type,
         "packages": {name: _version(name) for name in KEY_PACKAGES},
         "core": source_digest("attrib_bench.runner", exclude=PRESENTATION_MODULES),

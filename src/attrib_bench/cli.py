@@ -76,6 +76,11 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", help="auto (default), cpu, cuda, cuda:1 ...")
     parser.add_argument("--seed", type=int, help="seed for random methods and CIs (default: 0)")
     parser.add_argument(
+        "--target",
+        help="attribution target: position=first|last,score=predicted|gold|contrastive[,foil=C] "
+        "(default: position=first,score=predicted)",
+    )
+    parser.add_argument(
         "--plugin",
         action="append",
         metavar="PATH.py",

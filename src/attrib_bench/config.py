@@ -37,6 +37,7 @@ STRINGS = (
     "label_column",
     "device",
     "output",
+    "target",
 )
 INTEGERS = ("limit", "max_length", "seed", "batch_size")
 SPEC_LISTS = ("attributors", "evaluators")

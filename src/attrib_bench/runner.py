@@ -27,6 +27,7 @@ from attrib_bench.model.load import LoadedModel, load_model
 from attrib_bench.model.trace import Trace, trace_batch
 from attrib_bench.plugins import Registry, Spec, load_registry
 from attrib_bench.results import build_result
+from attrib_bench.target import DEFAULT_TARGET, Target
 
 DEFAULT_REFERENCE = "saliency"
 #: The attributor every leaderboard carries as its floor (added when not selected).
@@ -52,6 +53,8 @@ class RunConfig:
     batch_size: int = 16
     device: str = "auto"
     plugins: list[str] = field(default_factory=list)
+    #: The attribution target (attrib_bench.target): which token's row, which score.
+    target: str = str(DEFAULT_TARGET)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,6 +101,8 @@ class Prepared:
     max_length: int
     #: Ids of examples with no content token (see attrib_bench.data.batches.contentless_ids).
     contentless: list[str] = field(default_factory=list)
+    #: The run's attribution target, parsed from ``RunConfig.target``.
+    target: Target = DEFAULT_TARGET
 
 
 def resolve_model(
@@ -117,7 +122,8 @@ def resolve_model(
 
 
 def prepare(config: RunConfig, quiet: bool = False) -> Prepared:
-    """Resolve plugins first (cheap, catches typos), then the model and the data."""
+    """Resolve plugins and the target first (cheap, catches typos), then the model and the data."""
+    target = Target.parse(config.target)
     registry = load_registry(config.plugins)
     for spec in config.attributors or []:
         registry.attributor(spec)
@@ -158,7 +164,7 @@ def prepare(config: RunConfig, quiet: bool = False) -> Prepared:
             f"whitespace-only, or only unknown tokens such as emoji): {shown}; they are scored "
             "and counted in provenance.dataset.contentless, but their scores rank special tokens"
         )
-    return Prepared(registry, loaded, data, batches, truncated, max_length, contentless)
+    return Prepared(registry, loaded, data, batches, truncated, max_length, contentless, target)
 
 
 def attribution_stream(
@@ -196,7 +202,7 @@ def attribution_stream(
             requires = set().union(*(m.attributor.requires for m in todo))
             batch = batch.to(prepared.loaded.device)
             start = time.perf_counter()
-            trace = trace_batch(prepared.loaded, batch, requires, seed, fields)
+            trace = trace_batch(prepared.loaded, batch, requires, seed, fields, prepared.target)
             trace_seconds = time.perf_counter() - start
             results: dict[str, Attribution] = {}
             for method in todo:

@@ -21,6 +21,7 @@ from torch import nn
 from attrib_bench.errors import UsageError
 from attrib_bench.interfaces import Batch
 from attrib_bench.model.architectures import EncoderAdapter
+from attrib_bench.target import DEFAULT_TARGET, Target
 
 if TYPE_CHECKING:  # model.load imports transformers: not needed to read a trace's type
     from attrib_bench.model.load import LoadedModel
@@ -117,6 +118,8 @@ class Trace:
     - ``plugin_fields``: the captured fields plugins registered, by name (read them with
       ``need(name)``).
     - ``shared``: a per-batch memo so methods of one family compute shared pieces once.
+    - ``target``: the run's attribution target (attrib_bench.target); read it through
+      ``target_positions_B``, ``target_classes_B`` and ``target_foils_B``.
     """
 
     batch: Batch
@@ -137,6 +140,7 @@ class Trace:
     #: The plugin fields it could capture, by name: what an evaluator that traces the model
     #: again passes on (``trace_batch(..., fields=trace.field_specs)``).
     field_specs: Mapping[str, TraceField] = field(default_factory=dict)
+    target: Target = DEFAULT_TARGET
 
     @property
     def model(self) -> torch.nn.Module:
@@ -157,6 +161,21 @@ class Trace:
     @property
     def mask_BN(self) -> torch.Tensor:
         return self.batch.attention_mask_BN
+
+    @property
+    def target_positions_B(self) -> torch.Tensor:
+        """Per example, the token whose row is explained (0 unless ``position=last``)."""
+        return self.target.positions(self.mask_BN)
+
+    @property
+    def target_classes_B(self) -> torch.Tensor:
+        """Per example, the class the target score leads with (predicted, or the label)."""
+        return self.target.classes(self.logits_BC, self.batch.labels)
+
+    @property
+    def target_foils_B(self) -> torch.Tensor | None:
+        """Per example, the class a contrastive score subtracts; None for the other scores."""
+        return self.target.foils(self.logits_BC)
 
     def memo(self, key: str, compute: Callable[[], Any]) -> Any:
         """Return ``shared[key]``, computing it on first use within this batch.
@@ -225,12 +244,14 @@ def trace_batch(
     requires: Iterable[str],
     seed: int = 0,
     fields: Mapping[str, TraceField] | None = None,
+    target: Target = DEFAULT_TARGET,
 ) -> Trace:
     """Run the model once on ``batch`` and capture the fields in ``requires``.
 
     ``fields`` are the fields plugins registered, by name (``Registry.trace_field_specs()``);
-    built-in names in it are captured as built-ins. Every hook is removed after the forward
-    pass, also when it raises.
+    built-in names in it are captured as built-ins. ``target`` is the run's attribution target,
+    kept on the trace for its readers. Every hook is removed after the forward pass, also when
+    it raises.
     """
     needed = set(requires)
     extra = {name: f for name, f in (fields or {}).items() if name not in TRACE_FIELDS}
@@ -284,4 +305,5 @@ def trace_batch(
         plugin_fields=plugin_fields,
         field_specs=extra,
         seed=seed,
+        target=target,
     )

@@ -121,6 +121,7 @@ def build_result(
             "evaluator_plugins": {n: reg.source for n, reg in registry.evaluators.items()},
         },
         "reference": config.reference,
+        "target": prepared.target.to_dict(),
         "evaluators": {
             name: {
                 "status": "failed" if name in evaluator_errors else "ok",
