@@ -334,3 +334,17 @@ def test_a_result_file_cannot_make_the_report_delete_files(tmp_path):
     }
     assert cached_rows(document, "m", "e") is None
     assert victim.read_text() == '{"a user": "file"}'
+
+
+def test_an_entry_records_its_own_batchs_memory_not_the_runs_peak(
+    tiny_bert, run_cli, tmp_path, cache_on
+):
+    first, _ = run(run_cli, tmp_path, tiny_bert, "saliency", name="first.json")
+    entries = [
+        read_entry(p) for p in method_dir(first, "saliency").glob("*.json") if p.name != "key.json"
+    ]
+    peaks = {round(entry["peak_memory_mb"], 6) for entry in entries}
+    # Two batches of four sentences of different lengths: two different peaks, the larger of
+    # which is the run's.
+    assert len(peaks) == 2
+    assert max(peaks) == pytest.approx(first["methods"]["saliency"]["peak_memory_mb"], abs=0.01)

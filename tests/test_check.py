@@ -381,3 +381,13 @@ def test_undefined_in_both_files_is_reported_not_a_regression(scores):
     assert comparison.passed
     (row,) = [r for r in comparison.rows if r.method == "b"]
     assert (row.n, row.undefined) == (0, (1.0, 1.0))
+
+
+def test_a_fall_on_a_single_shared_example_is_a_regression():
+    """One pair has no bootstrap CI; the gate must not read that as 'within noise'."""
+    base = document({"a": [0.8], "b": [0.5]}, ids=["only"])
+    now = document({"a": [-4.2], "b": [0.5]}, ids=["only"])
+    comparison = compare(now, base)
+    assert comparison.exit_code == ExitCode.REGRESSION
+    assert [(r.method, r.n) for r in comparison.regressions] == [("a", 1)]
+    assert compare(copy.deepcopy(base), base).passed

@@ -301,3 +301,19 @@ def test_a_crash_is_an_internal_error_not_a_regression(run_cli, tmp_path, monkey
     code, _, err = run_cli("check", result, "--baseline", result)
     assert code == 4
     assert "internal error: RuntimeError: boom (exit 4" in " ".join(err.split())
+
+
+def test_a_reference_that_is_a_selected_method_or_the_floor_runs_once(tiny_bert, run_cli, tmp_path):
+    code, document, _, err = run_json(
+        run_cli, tmp_path, "--model", tiny_bert, "--limit", "4",
+        "--attributors", "rollout", "--reference", "rollout:residual=0.5",
+    )  # fmt: skip
+    assert code == 0, err
+    assert list(document["methods"]) == ["rollout", "random"]  # the same method after defaults
+    code, document, _, err = run_json(
+        run_cli, tmp_path, "--model", tiny_bert, "--limit", "4",
+        "--attributors", "attention", "--reference", "random", name="floor.json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert list(document["methods"]) == ["attention", "random"]
+    assert document["methods"]["random"]["added_as_reference"]

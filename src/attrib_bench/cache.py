@@ -404,7 +404,7 @@ class ResultCache:
                     "dtype": str(attribution.aggregated_BLN.dtype).removeprefix("torch."),
                     "rows": {kind: attribution.example_rows(kind, row, length) for kind in KINDS},
                     "seconds": seconds / len(batch.examples),
-                    "peak_memory_mb": method.peak_memory_mb,
+                    "peak_memory_mb": method.batch_memory_mb,
                     "scores": scores,
                 }
                 atomic_write(self._path(spec, key), _encode(payload))

@@ -401,10 +401,11 @@ def _compare_layers(
         differences = values[:, 0] - values[:, 1]
         delta = float(differences.mean()) if len(differences) else math.nan
         ci = paired_bootstrap(differences, seed)
+        # One pair has no CI (NaN): nothing shows the fall is noise, so the fall alone decides.
         if higher_is_better:
-            fell = delta < -tolerance and ci[1] < 0
+            fell = delta < -tolerance and (ci[1] < 0 or math.isnan(ci[1]))
         else:
-            fell = delta > tolerance and ci[0] > 0
+            fell = delta > tolerance and (ci[0] > 0 or math.isnan(ci[0]))
         rows.append(
             Delta(
                 method=spec,

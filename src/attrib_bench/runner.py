@@ -70,6 +70,8 @@ class MethodState:
     examples: int = 0
     #: Largest standalone memory of one batch (see attrib_bench.memory.standalone_megabytes).
     peak_memory_mb: float = 0.0
+    #: The standalone memory of the last batch computed: what that batch's cache entries record.
+    batch_memory_mb: float = 0.0
     #: Why the method is on the leaderboard without being selected: "floor" or "reference".
     added_as: str | None = None
     error: str | None = None
@@ -241,6 +243,7 @@ def _attribute(
     memory = standalone_megabytes(
         trace, method.attributor.requires, peak.megabytes, computed_before
     )
+    method.batch_memory_mb = memory
     method.peak_memory_mb = max(method.peak_memory_mb, memory)
 
 
@@ -283,18 +286,31 @@ def _store(method: MethodState, name: str, evaluator: Any, scores: Any, batch: B
             by_id[example.id] = values_LB[:, column]
 
 
+def _same_method(registry: Registry, spec: str) -> tuple:
+    """A spec's method after defaults: ``rollout`` and ``rollout:residual=0.5`` are one."""
+    parsed = Spec.parse(spec)
+    params = getattr(registry.attributor(parsed), "params", None)
+    settings = params if isinstance(params, dict) else dict(parsed.params)
+    return (parsed.name, tuple(sorted((k, str(v)) for k, v in settings.items())))
+
+
 def leaderboard_methods(
     registry: Registry, attributors: Sequence[str] | None, reference: str
-) -> list[MethodState]:
-    """The selected methods (or the defaults), plus the reference and the floor when absent."""
+) -> tuple[list[MethodState], str]:
+    """The selected methods (or the defaults), plus the reference and the floor when absent;
+    and the spec the reference runs under (a selected spec that is the same method, if any)."""
     specs = [str(Spec.parse(s)) for s in (attributors or registry.defaults("attributors"))]
     methods = [MethodState(spec, registry.attributor(spec)) for spec in specs]
-    reference = str(Spec.parse(reference))
+    wanted = _same_method(registry, reference)
+    reference = next((s for s in specs if _same_method(registry, s) == wanted), None) or str(
+        Spec.parse(reference)
+    )
     if reference not in specs:
         methods.append(MethodState(reference, registry.attributor(reference), added_as="reference"))
-    if FLOOR in registry.attributors and all(Spec.parse(s).name != FLOOR for s in specs):
+    names = {Spec.parse(m.spec).name for m in methods}
+    if FLOOR in registry.attributors and FLOOR not in names:
         methods.append(MethodState(FLOOR, registry.attributor(FLOOR), added_as="floor"))
-    return methods
+    return methods, reference
 
 
 def run_benchmark(config: RunConfig, quiet: bool = False, cache: bool = True) -> dict[str, Any]:
@@ -310,12 +326,11 @@ def run_benchmark(config: RunConfig, quiet: bool = False, cache: bool = True) ->
     torch.manual_seed(config.seed)
     prepared = prepare(config, quiet)
     registry = prepared.registry
-    methods = leaderboard_methods(registry, config.attributors, config.reference)
+    methods, reference_spec = leaderboard_methods(registry, config.attributors, config.reference)
     evaluators = {
         str(Spec.parse(s)): registry.evaluator(s)
         for s in (config.evaluators or registry.defaults("evaluators"))
     }
-    reference_spec = str(Spec.parse(config.reference))
     reference_method = next(m for m in methods if m.spec == reference_spec)
     evaluator_errors: dict[str, str] = {}
     store = None
