@@ -50,11 +50,11 @@ class AttribBench:
 
         return run_config(self.path(config), **overrides)
 
-    def load(self, results: Path | str) -> dict[str, Any]:
-        """A result JSON written earlier by ``attrib-bench run --output``."""
-        from attrib_bench.gate import load_results
+    def load(self, results: Path | str) -> Any:
+        """A result JSON written earlier by ``attrib-bench run --output``, as a ``Result``."""
+        from attrib_bench.gate import as_result
 
-        return load_results(self.path(results))
+        return as_result(self.path(results))
 
     def assert_no_regression(
         self,
@@ -67,13 +67,13 @@ class AttribBench:
 
         With ``--attrib-bench-update-baselines``, write ``results`` to ``baseline`` instead.
         """
-        from attrib_bench.testing import as_document, assert_no_regression
+        from attrib_bench.testing import as_result, assert_no_regression
 
         target = self.path(baseline)
+        if isinstance(results, (str, Path)):
+            results = self.path(results)
         if self.update_baselines:
-            from attrib_bench.results import write_json
-
-            write_json(dict(as_document(results)), target)
+            as_result(results).save(target)
             return None
         if not target.is_file():
             pytest.fail(
@@ -81,8 +81,6 @@ class AttribBench:
                 "from the current results, then review and commit it",
                 pytrace=False,
             )
-        if isinstance(results, (str, Path)):
-            results = self.path(results)
         return assert_no_regression(results, target, tolerance=tolerance, all_layers=all_layers)
 
 

@@ -115,7 +115,7 @@ def test_results_can_be_loaded_instead_of_run(project, tiny_bert):
             write_json(results, attrib_bench.path("results.json"))
             loaded = attrib_bench.load("results.json")
             comparison = attrib_bench.assert_no_regression("results.json", "results.json")
-            assert loaded["methods"].keys() == results["methods"].keys()
+            assert loaded.methods.keys() == results["methods"].keys()
             assert comparison.passed and all(row.delta == 0 for row in comparison.rows)
         """
     )

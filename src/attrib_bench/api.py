@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
     from attrib_bench.config import RunPlan
     from attrib_bench.gate import Comparison
+    from attrib_bench.results.typed import Result
 
-#: A result given as its document or as the path of its JSON file.
-Results = Mapping[str, Any] | Path | str
+#: A result given as a ``Result``, its document or the path of its JSON file.
+Results = Union["Result", Mapping[str, Any], Path, str]
 
 
 def run(
@@ -25,7 +26,8 @@ def run(
     quiet: bool = True,
     **settings: Any,
 ) -> dict[str, Any]:
-    """Run a benchmark and return its result document (the JSON schema's content as a dict).
+    """Run a benchmark and return its result document (the JSON schema's content as a dict;
+    ``load`` gives it as a ``Result``).
 
     ``config`` is an optional TOML file; ``settings`` override it with the same keys
     (``model``, ``dataset``, ``split``, ``limit``, ``attributors=[...]``, ``evaluators=[...]``,
@@ -55,14 +57,12 @@ def run_plan(plan: RunPlan, quiet: bool = True) -> dict[str, Any]:
     return document
 
 
-def load(results: Results) -> Mapping[str, Any]:
-    """A result document given as itself or as the path of its JSON file (validated)."""
-    from attrib_bench.gate import load_results, validate
+def load(results: Results) -> Result:
+    """A result as a typed ``attrib_bench.results.Result``: from the path of its JSON file or a
+    document (validated first), or a ``Result`` as is."""
+    from attrib_bench.gate import as_result
 
-    if isinstance(results, (str, Path)):
-        return load_results(results)
-    validate(results, "results")
-    return results
+    return as_result(results)
 
 
 def check(

@@ -25,32 +25,24 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 import os
-import re
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
 from attrib_bench.errors import ExitCode, UsageError
+from attrib_bench.results.typed import Result, load_results, validate
+from attrib_bench.results.typed import ResultDocument as ResultDocument
+from attrib_bench.results.typed import Schema as Schema
 
 DEFAULT_TOLERANCE = 0.02
 RESAMPLES = 2000
 SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 #: Config keys that never change a number (the summary still lists them, marked as such).
 HARMLESS_CONFIG = frozenset({"batch_size", "device"})
-#: The top-level keys of the result schema (``schema/results.schema.json``) that must be there.
-REQUIRED = ("created", "config", "provenance", "reference", "evaluators", "methods")
-STATUSES = ("ok", "failed")
-#: A (method, evaluator) pair can also be undefined: NaN on every example.
-PAIR_STATUSES = ("ok", "failed", "undefined")
-KINDS = ("aggregated", "local")
-#: Cache keys are hex digests; anything else could point the report outside the cache.
-CACHE_KEY = re.compile(r"[0-9a-f]+")
 
 
 @dataclass
@@ -129,217 +121,38 @@ class Comparison:
         return _markdown(self, current_name, baseline_name)
 
 
-class ResultDocument(dict):
-    """A result document read from a file: ``path`` names that file in later error messages."""
-
-    path: str
+#: A result as a ``Result``, a validated document (``load_results``) or its file's path.
+Results = Result | Mapping[str, Any] | Path | str
 
 
-def load_results(path: Path | str) -> ResultDocument:
-    """A result document from ``attrib-bench run --output``; UsageError when unusable."""
-    path = Path(path)
-    try:
-        document = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"result file {str(path)!r} does not exist") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise UsageError(f"{str(path)!r} is not JSON ({error})") from None
-    validate(document, str(path))
-    loaded = ResultDocument(document)
-    loaded.path = str(path)
-    return loaded
+def as_result(value: Results, name: str = "results") -> Result:
+    """A ``Result`` as is; a path loaded (``load_results``); a document validated then converted.
+
+    ``name`` stands for a document built in memory in error messages (one read from a file is
+    named by its path). The one conversion the gate, the reports and the pytest helpers use.
+    """
+    if isinstance(value, Result):
+        return value
+    if isinstance(value, (str, Path)):
+        return Result.from_document(load_results(value))
+    validate(value, _source(value, name))
+    return Result.from_document(value)
 
 
-def _source(document: Mapping[str, Any], fallback: str) -> str:
-    """The file a document came from, for error messages; ``fallback`` for one built in memory."""
+def _source(document: Any, fallback: str) -> str:
+    """The file a result came from, for error messages; ``fallback`` for one built in memory."""
+    if isinstance(document, Result):
+        return document.source or fallback
     return getattr(document, "path", fallback)
 
 
-def validate(document: Any, name: str) -> None:
-    """Check every part of a result that ``check`` and ``report`` read, before either reads it.
-
-    One UsageError naming the file and the field, so that a malformed file never surfaces later
-    as a traceback from deep inside the comparison or a plot. Both commands rely on this alone.
-    """
-    if not isinstance(document, Mapping) or "methods" not in document:
-        raise UsageError(f"{name!r} is not an attrib-bench result (no 'methods')")
-    version = document.get("schema_version")
-    if version != 1:
-        raise UsageError(f"{name!r} has schema_version {version!r}; this attrib-bench reads 1")
-    schema = Schema(f"{name!r} is not a valid attrib-bench result")
-    for key in REQUIRED:
-        schema.field(document, key, "the result")
-    schema.string(document["created"], "created")
-    schema.string(document["reference"], "reference")
-    schema.object(document["config"], "config")
-    provenance = schema.object(document["provenance"], "provenance")
-    model = schema.object(schema.field(provenance, "model", "provenance"), "provenance.model")
-    schema.string(schema.field(model, "id", "provenance.model"), "provenance.model.id")
-    dataset = schema.object(schema.field(provenance, "dataset", "provenance"), "provenance.dataset")
-    for key in ("name", "split"):
-        schema.string(schema.field(dataset, key, "provenance.dataset"), f"provenance.dataset.{key}")
-    for key in ("packages", "hardware"):
-        if key in provenance:
-            schema.object(provenance[key], f"provenance.{key}")
-    for evaluator, state in schema.object(document["evaluators"], "evaluators").items():
-        where = f"evaluators[{evaluator!r}]"
-        schema.object(state, where)
-        schema.choice(schema.field(state, "status", where), STATUSES, f"{where}.status")
-        schema.optional_string(schema.field(state, "error", where), f"{where}.error")
-    information = schema.object(document.get("evaluator_info", {}), "evaluator_info")
-    for evaluator, info in information.items():
-        where = f"evaluator_info[{evaluator!r}]"
-        schema.object(info, where)
-        for key in ("higher_is_better", "needs_reference"):
-            if key in info and not isinstance(info[key], bool):
-                schema.fail(f"{where}.{key}", "true or false", info[key])
-    ids = document.get("example_ids")
-    if ids is not None:
-        for index, example in enumerate(schema.array(ids, "example_ids")):
-            schema.string(example, f"example_ids[{index}]")
-    if document.get("cache"):
-        _validate_cache(schema, document["cache"])
-    methods = schema.object(document["methods"], "methods")
-    if not methods:
-        raise UsageError(f"{name!r} has no methods: it holds no scores")
-    for spec, method in methods.items():
-        _validate_method(schema, method, f"methods[{spec!r}]", None if ids is None else len(ids))
-
-
-def _validate_method(schema: Schema, method: Any, where: str, examples: int | None) -> None:
-    schema.object(method, where)
-    schema.choice(schema.field(method, "status", where), STATUSES, f"{where}.status")
-    schema.optional_string(method.get("error"), f"{where}.error")
-    for key in ("seconds_per_example", "peak_memory_mb"):
-        schema.optional_number(method.get(key), f"{where}.{key}")
-    for evaluator, pair in schema.object(
-        method.get("evaluators", {}), f"{where}.evaluators"
-    ).items():
-        at = f"{where}.evaluators[{evaluator!r}]"
-        schema.object(pair, at)
-        schema.choice(schema.field(pair, "status", at), PAIR_STATUSES, f"{at}.status")
-        schema.optional_string(pair.get("error"), f"{at}.error")
-    for evaluator, kinds in schema.object(method.get("scores", {}), f"{where}.scores").items():
-        for kind, layers in schema.kinds(kinds, f"{where}.scores[{evaluator!r}]"):
-            for index, summary in enumerate(layers):
-                at = f"{where}.scores[{evaluator!r}].{kind}[{index}]"
-                schema.object(summary, at)
-                layer = schema.field(summary, "layer", at)
-                if not _is_integer(layer) or layer < 1:
-                    schema.fail(f"{at}.layer", "an integer >= 1", layer)
-                schema.optional_number(schema.field(summary, "mean", at), f"{at}.mean")
-                ci = schema.array(schema.field(summary, "ci95", at), f"{at}.ci95", 2)
-                for bound in ci:
-                    schema.optional_number(bound, f"{at}.ci95")
-                count = schema.field(summary, "n", at)
-                if not _is_integer(count) or count < 0:
-                    schema.fail(f"{at}.n", "an integer >= 0", count)
-    per_example = schema.object(method.get("per_example", {}), f"{where}.per_example")
-    for evaluator, kinds in per_example.items():
-        for kind, layers in schema.kinds(kinds, f"{where}.per_example[{evaluator!r}]"):
-            for index, values in enumerate(layers):
-                at = f"{where}.per_example[{evaluator!r}].{kind}[{index}]"
-                for position, value in enumerate(schema.array(values, at, examples)):
-                    schema.optional_number(value, f"{at}[{position}]")
-
-
-def _validate_cache(schema: Schema, cache: Any) -> None:
-    schema.object(cache, "cache")
-    directory = schema.string(schema.field(cache, "dir", "cache"), "cache.dir")
-    if "\0" in directory:
-        schema.fail("cache.dir", "a path", directory)
-    for key in ("methods", "examples"):
-        for item, value in schema.object(schema.field(cache, key, "cache"), f"cache.{key}").items():
-            _cache_key(schema, value, f"cache.{key}[{item!r}]")
-    if cache.get("reference") is not None:
-        _cache_key(schema, cache["reference"], "cache.reference")
-    for spec, hits in schema.object(schema.field(cache, "hits", "cache"), "cache.hits").items():
-        if not _is_integer(hits) or hits < 0:
-            schema.fail(f"cache.hits[{spec!r}]", "an integer >= 0", hits)
-
-
-def _cache_key(schema: Schema, value: Any, where: str) -> None:
-    if not isinstance(value, str) or not CACHE_KEY.fullmatch(value):
-        schema.fail(where, "a hex cache key", value)
-
-
-def _is_integer(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
-
-
-def _is_number(value: Any) -> bool:
-    """A finite real, or NaN (undefined); not a bool, infinity or a 400-digit integer."""
-    if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
-        return False
-    return abs(value) <= sys.float_info.max or value != value  # NaN is not equal to itself
-
-
-def _shown(value: Any) -> str:
-    """A value as the error message shows it: on one line, and short."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-class Schema:
-    """Type checks that raise one UsageError: ``problem`` (which file), then the field."""
-
-    def __init__(self, problem: str) -> None:
-        self.problem = problem
-
-    def fail(self, where: str, expected: str, value: Any) -> NoReturn:
-        raise UsageError(f"{self.problem}: {where} must be {expected}, not {_shown(value)}")
-
-    def field(self, container: Mapping[str, Any], key: str, where: str) -> Any:
-        if key not in container:
-            raise UsageError(f"{self.problem}: {where} has no {key!r}")
-        return container[key]
-
-    def object(self, value: Any, where: str) -> Mapping[str, Any]:
-        if not isinstance(value, Mapping):
-            self.fail(where, "an object", value)
-        return value
-
-    def array(self, value: Any, where: str, length: int | None = None) -> Sequence[Any]:
-        if not isinstance(value, (list, tuple)):
-            self.fail(where, "an array", value)
-        if length is not None and len(value) != length:
-            self.fail(where, f"an array of {length} (one per example id)", value)
-        return value
-
-    def string(self, value: Any, where: str) -> str:
-        if not isinstance(value, str):
-            self.fail(where, "a string", value)
-        return value
-
-    def optional_string(self, value: Any, where: str) -> None:
-        if value is not None and not isinstance(value, str):
-            self.fail(where, "a string or null", value)
-
-    def optional_number(self, value: Any, where: str) -> None:
-        if value is not None and not _is_number(value):
-            self.fail(where, "a number or null", value)
-
-    def choice(self, value: Any, choices: Sequence[str], where: str) -> None:
-        if value not in choices:
-            self.fail(where, " or ".join(repr(c) for c in choices), value)
-
-    def kinds(self, value: Any, where: str) -> list[tuple[str, Sequence[Any]]]:
-        """An evaluator's ``{kind: [per layer]}``, its kinds among ``aggregated`` and ``local``."""
-        kinds = self.object(value, where)
-        for kind in kinds:
-            if kind not in KINDS:
-                self.fail(where, "keyed by 'aggregated' or 'local'", kind)
-        return [(kind, self.array(layers, f"{where}.{kind}")) for kind, layers in kinds.items()]
-
-
-def _per_example(document: Mapping[str, Any], name: str) -> list[str]:
-    ids = document.get("example_ids")
-    if ids is None:
+def _per_example(result: Result, name: str) -> list[str]:
+    if not result.example_ids:
         raise UsageError(
             f"{name!r} holds summaries only (no example_ids and per-example scores), so no "
             "paired comparison is possible; write it with attrib-bench run --output"
         )
-    return ids
+    return result.example_ids
 
 
 def paired_bootstrap(
@@ -354,13 +167,13 @@ def paired_bootstrap(
     return (float(low), float(high))
 
 
-def _scores(document: Mapping[str, Any], spec: str, evaluator: str, kind: str) -> list | None:
-    return document["methods"][spec].get("per_example", {}).get(evaluator, {}).get(kind)
+def _scores(result: Result, spec: str, evaluator: str, kind: str) -> list | None:
+    return result.methods[spec].per_example.get(evaluator, {}).get(kind)
 
 
 def _compare_layers(
-    current: Mapping[str, Any],
-    baseline: Mapping[str, Any],
+    current: Result,
+    baseline: Result,
     spec: str,
     evaluator: str,
     kind: str,
@@ -374,17 +187,17 @@ def _compare_layers(
         return []
     if not now:
         # Scored in the baseline, not now: every example is undefined now.
-        now = [[None] * len(current["example_ids"]) for _ in before]
+        now = [[math.nan] * len(current.example_ids) for _ in before]
     if all_layers:
         pairs = [(layer, layer) for layer in range(min(len(now), len(before)))]
     else:
         pairs = [(len(now) - 1, len(before) - 1)]
-    before_index = {example: i for i, example in enumerate(baseline["example_ids"])}
-    now_ids = set(current["example_ids"])
+    before_index = {example: i for i, example in enumerate(baseline.example_ids)}
+    now_ids = set(current.example_ids)
     missing = sum(example not in now_ids for example in before_index)
     shared = [
         (i, before_index[example])
-        for i, example in enumerate(current["example_ids"])
+        for i, example in enumerate(current.example_ids)
         if example in before_index
     ]
     rows = []
@@ -427,10 +240,10 @@ def _compare_layers(
     return rows
 
 
-def _provenance_warnings(current: Mapping[str, Any], baseline: Mapping[str, Any]) -> list[str]:
+def _provenance_warnings(current: Result, baseline: Result) -> list[str]:
     warnings = []
-    model_now = current.get("provenance", {}).get("model", {})
-    model_before = baseline.get("provenance", {}).get("model", {})
+    model_now = current.provenance.get("model", {})
+    model_before = baseline.provenance.get("model", {})
     if model_now.get("weights_sha256") != model_before.get("weights_sha256"):
         warnings.append(
             "the model weights differ (sha256 "
@@ -438,8 +251,8 @@ def _provenance_warnings(current: Mapping[str, Any], baseline: Mapping[str, Any]
             f"{str(model_now.get('weights_sha256'))[:12]}): the two results score different "
             "models, so these deltas may be meaningless"
         )
-    data_now = current.get("provenance", {}).get("dataset", {})
-    data_before = baseline.get("provenance", {}).get("dataset", {})
+    data_now = current.provenance.get("dataset", {})
+    data_before = baseline.provenance.get("dataset", {})
     if data_now.get("fingerprint") != data_before.get("fingerprint"):
         warnings.append(
             f"the dataset differs ({data_before.get('name')}/{data_before.get('split')}, "
@@ -447,49 +260,43 @@ def _provenance_warnings(current: Mapping[str, Any], baseline: Mapping[str, Any]
             f"n={data_now.get('examples')}; fingerprints differ): only shared example ids are "
             "compared"
         )
-    if current.get("reference") != baseline.get("reference"):
-        warnings.append(
-            f"the reference changed ({baseline.get('reference')} -> {current.get('reference')})"
-        )
+    if current.reference != baseline.reference:
+        warnings.append(f"the reference changed ({baseline.reference} -> {current.reference})")
     return warnings
 
 
-def _higher_is_better(
-    current: Mapping[str, Any], baseline: Mapping[str, Any], evaluator: str
-) -> bool:
+def _higher_is_better(current: Result, baseline: Result, evaluator: str) -> bool:
     """The evaluator's direction as the results record it (default: higher is better)."""
-    for document in (current, baseline):
-        info = document.get("evaluator_info", {}).get(evaluator)
+    for result in (current, baseline):
+        info = result.evaluator_info.get(evaluator)
         if info is not None and "higher_is_better" in info:
             return bool(info["higher_is_better"])
     return True
 
 
 def compare(
-    current: Mapping[str, Any],
-    baseline: Mapping[str, Any],
+    current: Results,
+    baseline: Results,
     tolerance: float = DEFAULT_TOLERANCE,
     all_layers: bool = False,
     seed: int = 0,
 ) -> Comparison:
-    """Compare two result documents; UsageError when they cannot be compared at all."""
+    """Compare two results (``Result``, validated document or path, see ``as_result``);
+    UsageError when they cannot be compared at all."""
     if tolerance < 0 or math.isnan(tolerance):
         raise UsageError(f"--tolerance must be a number >= 0, got {tolerance}")
-    current_name, baseline_name = _source(current, "results"), _source(baseline, "baseline")
-    validate(current, current_name)
-    validate(baseline, baseline_name)
-    _per_example(current, current_name)
-    _per_example(baseline, baseline_name)
+    current, baseline = as_result(current, "results"), as_result(baseline, "baseline")
+    _per_example(current, _source(current, "results"))
+    _per_example(baseline, _source(baseline, "baseline"))
     comparison = Comparison(tolerance=tolerance)
     comparison.warnings = _provenance_warnings(current, baseline)
-    config_now, config_before = current.get("config", {}), baseline.get("config", {})
+    config_now, config_before = current.config, baseline.config
     comparison.config_changes = [
         (key, config_before.get(key), config_now.get(key))
         for key in sorted(set(config_now) | set(config_before))
         if config_now.get(key) != config_before.get(key)
     ]
-    evaluators_now = current.get("evaluators", {})
-    evaluators_before = baseline.get("evaluators", {})
+    evaluators_now, evaluators_before = current.evaluators, baseline.evaluators
     for name, state in evaluators_before.items():
         if name not in evaluators_now:
             comparison.notes.append(f"evaluator `{name}` is not in the results")
@@ -506,17 +313,17 @@ def compare(
         if evaluators_now[name]["status"] == "ok"
         and evaluators_before.get(name, {}).get("status") == "ok"
     ]
-    methods_now, methods_before = current["methods"], baseline["methods"]
+    methods_now, methods_before = current.methods, baseline.methods
     comparison.removed = [spec for spec in methods_before if spec not in methods_now]
     comparison.added = [spec for spec in methods_now if spec not in methods_before]
     kinds = ("aggregated", "local") if all_layers else ("aggregated",)
     for spec, method in methods_now.items():
         if spec not in methods_before:
             continue
-        was_ok = methods_before[spec]["status"] == "ok"
-        if method["status"] != "ok":
+        was_ok = methods_before[spec].status == "ok"
+        if method.status != "ok":
             if was_ok:
-                comparison.failed[spec] = str(method.get("error"))
+                comparison.failed[spec] = str(method.error)
             else:
                 comparison.notes.append(f"`{spec}` failed in both")
             continue
@@ -524,7 +331,7 @@ def compare(
             comparison.notes.append(f"`{spec}` failed in the baseline and runs now")
             continue
         for evaluator in shared_evaluators:
-            pair = method.get("evaluators", {}).get(evaluator, {})
+            pair = method.evaluators.get(evaluator, {})
             if pair.get("status") == "failed" and _scores(baseline, spec, evaluator, kinds[0]):
                 # Its scores are gone; the rows below show them as undefined, this says why.
                 comparison.failed[f"{spec} ({evaluator})"] = str(pair.get("error"))

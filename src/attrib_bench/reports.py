@@ -8,8 +8,8 @@ heatmaps come from ``--attributions FILE.jsonl`` (written by ``attrib-bench attr
 given, else from the run's cache entries (the result's ``cache`` section points at them); with
 neither, the report says so and shows everything else.
 
-Documents are read as ``attrib_bench.gate.load_results`` returns them: validated there, so that
-every field used here has its type (the one place both commands check a result file).
+Each takes a ``attrib_bench.results.Result`` (or a document or path, converted by
+``attrib_bench.gate.as_result``: validated first, so that every field used here has its type).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import numpy as np
 from rich.table import Table
 
 from attrib_bench.errors import UsageError
-from attrib_bench.gate import Schema
+from attrib_bench.gate import Results, Schema, as_result
+from attrib_bench.results.typed import LayerScore, MethodResult, Result
 
 DEFAULT_EXAMPLES = 6
 #: Diverging colours: positive scores red, negative blue (RGB).
@@ -60,72 +61,78 @@ def _signed(value: Any) -> str:
     return f"{value:+.3f}" if _finite(value) else "-"
 
 
-def ok_evaluators(document: Mapping[str, Any]) -> list[str]:
-    return [name for name, e in document.get("evaluators", {}).items() if e["status"] == "ok"]
+def ok_evaluators(document: Results) -> list[str]:
+    result = as_result(document)
+    return [name for name, e in result.evaluators.items() if e["status"] == "ok"]
 
 
-def _sign(document: Mapping[str, Any], evaluator: str) -> float:
+def _sign(result: Result, evaluator: str) -> float:
     """+1 where higher scores are better (the default), -1 where lower are."""
-    info = document.get("evaluator_info", {}).get(evaluator, {})
+    info = result.evaluator_info.get(evaluator, {})
     return 1.0 if info.get("higher_is_better", True) else -1.0
 
 
-def heading(document: Mapping[str, Any], evaluator: str, kind: str | None = None) -> str:
+def heading(document: Results, evaluator: str, kind: str | None = None) -> str:
     """``spearman vs saliency (aggregated rows)``, with the direction when lower is better."""
-    info = document.get("evaluator_info", {}).get(evaluator, {})
-    versus = f" vs {document.get('reference')}" if info.get("needs_reference", True) else ""
+    result = as_result(document)
+    info = result.evaluator_info.get(evaluator, {})
+    versus = f" vs {result.reference}" if info.get("needs_reference", True) else ""
     notes = [f"{kind} rows"] if kind else []
-    if _sign(document, evaluator) < 0:
+    if _sign(result, evaluator) < 0:
         notes.append("lower is better")
     return f"{evaluator}{versus}" + (f" ({', '.join(notes)})" if notes else "")
 
 
-def _goodness(method: Mapping[str, Any], evaluator: str, kind: str, sign: float) -> float:
-    layers = method.get("scores", {}).get(evaluator, {}).get(kind)
-    mean = layers[-1]["mean"] if layers else None
+def _layers(method: MethodResult, evaluator: str, kind: str) -> list[LayerScore] | None:
+    return method.scores.get(evaluator, {}).get(kind)
+
+
+def _goodness(method: MethodResult, evaluator: str, kind: str, sign: float) -> float:
+    layers = _layers(method, evaluator, kind)
+    mean = layers[-1].mean if layers else None
     return sign * mean if _finite(mean) else -math.inf
 
 
-def ranked(document: Mapping[str, Any], evaluator: str, kind: str = "aggregated") -> list[str]:
+def ranked(document: Results, evaluator: str, kind: str = "aggregated") -> list[str]:
     """Method specs best first by last-layer score; failed methods last."""
-    methods, sign = document["methods"], _sign(document, evaluator)
+    result = as_result(document)
+    methods, sign = result.methods, _sign(result, evaluator)
     return sorted(methods, key=lambda spec: -_goodness(methods[spec], evaluator, kind, sign))
 
 
-def leaderboard_rows(document: Mapping[str, Any], evaluator: str, kind: str) -> list[dict]:
+def leaderboard_rows(document: Results, evaluator: str, kind: str) -> list[dict]:
     """The terminal leaderboard's columns as data: best (layer), last, CI, n, cost, status."""
+    result = as_result(document)
     rows = []
-    for spec in ranked(document, evaluator, kind):
-        method = document["methods"][spec]
-        layers = method.get("scores", {}).get(evaluator, {}).get(kind)
-        if method["status"] == "ok" and not layers:
+    for spec in ranked(result, evaluator, kind):
+        method = result.methods[spec]
+        layers = _layers(method, evaluator, kind)
+        if method.status == "ok" and not layers:
             continue
-        row = {"spec": spec, "status": method["status"], "error": method.get("error")}
+        row = {"spec": spec, "status": method.status, "error": method.error}
         if layers:
-            scored = [x for x in layers if _finite(x["mean"])]
-            sign = _sign(document, evaluator)
-            best = max(scored, key=lambda x: sign * x["mean"]) if scored else None
+            scored = [x for x in layers if _finite(x.mean)]
+            sign = _sign(result, evaluator)
+            best = max(scored, key=lambda x: sign * x.mean) if scored else None
             last = layers[-1]
-            row["best"] = _signed(best["mean"] if best else None) + (
-                f" ({best['layer']})" if best and len(layers) > 1 else ""
+            row["best"] = _signed(best.mean if best else None) + (
+                f" ({best.layer})" if best and len(layers) > 1 else ""
             )
-            row["last"] = _signed(last["mean"])
-            low, high = last["ci95"]
+            row["last"] = _signed(last.mean)
+            low, high = last.ci95
             row["ci"] = f"[{low:+.2f}, {high:+.2f}]" if _finite(low) and _finite(high) else "-"
-            row["n"] = str(last["n"])
-        seconds = method.get("seconds_per_example")
+            row["n"] = str(last.n)
+        seconds = method.seconds_per_example
         row["seconds"] = f"{seconds:.4f}" if _finite(seconds) else "-"
-        memory = method.get("peak_memory_mb")
+        memory = method.peak_memory_mb
         row["memory"] = f"{memory:.1f}" if _finite(memory) else "-"
         rows.append(row)
     return rows
 
 
-def _kinds(document: Mapping[str, Any], evaluator: str) -> list[str]:
+def _kinds(result: Result, evaluator: str) -> list[str]:
     present = {
-        kind
-        for method in document["methods"].values()
-        for kind in method.get("scores", {}).get(evaluator, {})
+        kind for method in result.methods.values() for kind in method.scores.get(evaluator, {})
     }
     return [kind for kind in ("aggregated", "local") if kind in present]
 
@@ -168,21 +175,22 @@ def read_attributions(path: Path | str) -> dict[str, dict[str, dict[str, Any]]]:
 
 
 def token_rows(
-    document: Mapping[str, Any],
+    document: Results,
     example_ids: Sequence[str],
     attributions: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Example id -> method -> {tokens, row}: the last aggregated row over the real tokens."""
     from attrib_bench.cache import cached_rows
 
+    result = as_result(document)
     table: dict[str, dict[str, dict[str, Any]]] = {}
     for example in example_ids:
         if attributions is not None:
             found = dict(attributions.get(example, {}))
         else:
             found = {}
-            for spec in document["methods"]:
-                entry = cached_rows(document, spec, example)
+            for spec in result.methods:
+                entry = cached_rows(result.extra, spec, example)  # reads its ``cache`` section
                 if entry is not None:
                     found[spec] = {
                         "tokens": entry["tokens"],
@@ -193,14 +201,13 @@ def token_rows(
     return table
 
 
-def _reference_rows(document: Mapping[str, Any], example_ids: Sequence[str]) -> dict:
+def _reference_rows(result: Result, example_ids: Sequence[str]) -> dict:
     """The reference's rows when it ran only as the reference (no leaderboard row of its own)."""
     from attrib_bench.cache import read_entry
 
-    section = document.get("cache") or {}
+    section = result.extra.get("cache") or {}
     key = section.get("reference")
-    reference = document.get("reference")
-    if not key or reference in document["methods"]:
+    if not key or result.reference in result.methods:
         return {}
     found = {}
     for example in example_ids:
@@ -236,7 +243,7 @@ def plot_styles(specs: Sequence[str], palette: Sequence[Any]) -> dict[str, tuple
     return styles
 
 
-def layer_figure(document: Mapping[str, Any], evaluator: str) -> Any:
+def layer_figure(document: Results, evaluator: str) -> Any:
     """The per-layer figure: mean with its 95% CI band, one panel per kind; whole-model dashed."""
     try:
         import matplotlib
@@ -249,13 +256,14 @@ def layer_figure(document: Mapping[str, Any], evaluator: str) -> Any:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    kinds = _kinds(document, evaluator)
+    result = as_result(document)
+    kinds = _kinds(result, evaluator)
     figure, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds) + 2.5, 4.4), squeeze=False)
     depth = max(
         (
             len(layers)
-            for method in document["methods"].values()
-            for layers in method.get("scores", {}).get(evaluator, {}).values()
+            for method in result.methods.values()
+            for layers in method.scores.get(evaluator, {}).values()
         ),
         default=1,
     )
@@ -264,23 +272,23 @@ def layer_figure(document: Mapping[str, Any], evaluator: str) -> Any:
     tab20 = plt.get_cmap("tab20").colors
     plotted = [
         spec
-        for spec in ranked(document, evaluator, kinds[0])
-        if any(document["methods"][spec].get("scores", {}).get(evaluator, {}).values())
+        for spec in ranked(result, evaluator, kinds[0])
+        if any(result.methods[spec].scores.get(evaluator, {}).values())
     ]
     styles = plot_styles(plotted, [*tab20[0::2], *tab20[1::2]])
     for axis, kind in zip(axes[0], kinds, strict=True):
-        for spec in ranked(document, evaluator, kind):
-            layers = document["methods"][spec].get("scores", {}).get(evaluator, {}).get(kind)
+        for spec in ranked(result, evaluator, kind):
+            layers = _layers(result.methods[spec], evaluator, kind)
             if not layers:
                 continue
             colour, marker, dashes = styles[spec]
-            means = [x["mean"] if _finite(x["mean"]) else math.nan for x in layers]
+            means = [x.mean if _finite(x.mean) else math.nan for x in layers]
             if len(layers) == 1:
                 axis.hlines(means[0], 1, depth, colors=[colour], linestyles=[dashes], label=spec)
                 continue
-            numbers = [x["layer"] for x in layers]
-            low = [x["ci95"][0] if _finite(x["ci95"][0]) else math.nan for x in layers]
-            high = [x["ci95"][1] if _finite(x["ci95"][1]) else math.nan for x in layers]
+            numbers = [x.layer for x in layers]
+            low = [x.ci95[0] if _finite(x.ci95[0]) else math.nan for x in layers]
+            high = [x.ci95[1] if _finite(x.ci95[1]) else math.nan for x in layers]
             axis.plot(numbers, means, marker=marker, markersize=3, color=colour, label=spec)
             axis.fill_between(numbers, low, high, color=colour, alpha=0.15, linewidth=0)
         axis.axhline(0, color="grey", linewidth=0.6)
@@ -288,14 +296,14 @@ def layer_figure(document: Mapping[str, Any], evaluator: str) -> Any:
         axis.set_xticks(range(1, depth + 1))
         axis.set_title(f"{kind} rows")
         axis.grid(alpha=0.3)
-    axes[0][0].set_ylabel(heading(document, evaluator))
+    axes[0][0].set_ylabel(heading(result, evaluator))
     handles, labels = axes[0][0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
     figure.tight_layout(rect=(0, 0, 0.8, 1))
     return figure
 
 
-def layer_plot(document: Mapping[str, Any], evaluator: str) -> bytes:
+def layer_plot(document: Results, evaluator: str) -> bytes:
     """:func:`layer_figure` as a PNG."""
     import matplotlib.pyplot as plt
 
@@ -341,13 +349,13 @@ def heatmap_row(tokens: Sequence[str], row: Sequence[float]) -> str:
     )
 
 
-def _leaderboard_html(document: Mapping[str, Any], evaluator: str, kind: str) -> str:
+def _leaderboard_html(result: Result, evaluator: str, kind: str) -> str:
     head = (
         "<tr><th>#</th><th>method</th><th>best (layer)</th><th>last layer</th>"
         "<th>95% CI</th><th>n</th><th>s/ex</th><th>peak MB</th><th>status</th></tr>"
     )
     body = []
-    for rank, row in enumerate(leaderboard_rows(document, evaluator, kind), 1):
+    for rank, row in enumerate(leaderboard_rows(result, evaluator, kind), 1):
         failed = row["status"] != "ok"
         status = f"failed: {row['error']}" if failed else "ok"
         cells = [
@@ -363,16 +371,16 @@ def _leaderboard_html(document: Mapping[str, Any], evaluator: str, kind: str) ->
     return f"<table>{head}{''.join(body)}</table>"
 
 
-def _provenance_rows(document: Mapping[str, Any]) -> list[tuple[str, str]]:
-    provenance = document.get("provenance", {})
+def _provenance_rows(result: Result) -> list[tuple[str, str]]:
+    provenance = result.provenance
     model = provenance.get("model", {})
     data = provenance.get("dataset", {})
     packages = ", ".join(f"{k} {v}" for k, v in provenance.get("packages", {}).items() if v)
     hardware = provenance.get("hardware", {})
-    cache = document.get("cache") or {}
+    cache = result.extra.get("cache") or {}
     reused = sum((cache.get("hits") or {}).values())
     rows = [
-        ("created", document.get("created")),
+        ("created", result.created),
         ("model", f"{model.get('name')} ({model.get('type')}) — {model.get('id')}"),
         ("weights sha256", model.get("weights_sha256")),
         (
@@ -381,7 +389,7 @@ def _provenance_rows(document: Mapping[str, Any]) -> list[tuple[str, str]]:
             f"{data.get('truncated')} truncated to {data.get('max_length')} tokens",
         ),
         ("dataset fingerprint", data.get("fingerprint")),
-        ("reference", document.get("reference")),
+        ("reference", result.reference),
         ("seed", provenance.get("seed")),
         ("packages", f"Python {provenance.get('python')}; {packages}"),
         (
@@ -389,17 +397,17 @@ def _provenance_rows(document: Mapping[str, Any]) -> list[tuple[str, str]]:
             f"{hardware.get('device')}, {hardware.get('cpu_count')} CPUs, "
             f"{hardware.get('torch_threads')} torch threads, {hardware.get('platform')}",
         ),
-        ("config", json.dumps(document.get("config", {}), sort_keys=True)),
+        ("config", json.dumps(result.config, sort_keys=True)),
     ]
     if cache:
         rows.append(("cache", f"{cache.get('dir')} ({reused} method-examples reused)"))
-    if document.get("finetune"):
-        rows.append(("fine-tuning", json.dumps(document["finetune"], sort_keys=True)))
+    if result.extra.get("finetune"):
+        rows.append(("fine-tuning", json.dumps(result.extra["finetune"], sort_keys=True)))
     return [(name, str(value)) for name, value in rows]
 
 
 def _heatmaps_html(
-    document: Mapping[str, Any],
+    result: Result,
     rows: Mapping[str, Mapping[str, Any]],
     reference: Mapping[str, Any],
     order: Sequence[str],
@@ -419,7 +427,7 @@ def _heatmaps_html(
         table = []
         if example in reference:
             entry = reference[example]
-            label = f"{document.get('reference')} (reference)"
+            label = f"{result.reference} (reference)"
             table.append(
                 f'<tr><td class="method">{_escape(label)}</td>'
                 f"<td>{heatmap_row(entry['tokens'], entry['row'])}</td></tr>"
@@ -437,24 +445,25 @@ def _heatmaps_html(
     return "".join(parts)
 
 
-def _title(document: Mapping[str, Any]) -> str:
+def _title(result: Result) -> str:
     """``attrib-bench: MODEL on DATASET/SPLIT``; the model's id when it has no display name."""
-    model = document["provenance"]["model"]
-    data = document["provenance"]["dataset"]
+    model = result.provenance["model"]
+    data = result.provenance["dataset"]
     return f"attrib-bench: {model.get('name', model['id'])} on {data['name']}/{data['split']}"
 
 
-def _examples(document: Mapping[str, Any], count: int) -> list[str]:
-    return [str(i) for i in (document.get("example_ids") or [])[:count]]
+def _examples(result: Result, count: int) -> list[str]:
+    return [str(i) for i in result.example_ids[:count]]
 
 
 def render_html(
-    document: Mapping[str, Any],
+    document: Results,
     attributions: Mapping[str, Mapping[str, Any]] | None = None,
     examples: int = DEFAULT_EXAMPLES,
 ) -> str:
     """The whole report as one HTML string (inline CSS, PNGs as data URIs)."""
-    data = document["provenance"]["dataset"]
+    document = as_result(document)
+    data = document.provenance["dataset"]
     evaluators = ok_evaluators(document)
     sections = []
     for evaluator in evaluators:
@@ -463,7 +472,7 @@ def render_html(
                 f"<h2>Leaderboard: {_escape(heading(document, evaluator, kind))}</h2>"
                 + _leaderboard_html(document, evaluator, kind)
             )
-    for name, state in document.get("evaluators", {}).items():
+    for name, state in document.evaluators.items():
         if state["status"] != "ok":
             sections.append(
                 f'<p class="failed">Evaluator <code>{_escape(name)}</code> failed: '
@@ -479,7 +488,7 @@ def render_html(
     chosen = _examples(document, examples)
     rows = token_rows(document, chosen, attributions)
     reference = _reference_rows(document, chosen) if attributions is None else {}
-    order = ranked(document, evaluators[0]) if evaluators else list(document["methods"])
+    order = ranked(document, evaluators[0]) if evaluators else list(document.methods)
     sections.append("<h2>Token heatmaps</h2>" + _heatmaps_html(document, rows, reference, order))
     provenance_table = "".join(
         f"<tr><th>{_escape(k)}</th><td>{_escape(v)}</td></tr>"
@@ -492,8 +501,8 @@ def render_html(
         f"<title>{_escape(title)}</title><style>{CSS}</style></head><body>"
         f"<h1>{_escape(title)}</h1>"
         f'<p class="muted">n = {_escape(data.get("examples"))} examples, reference '
-        f"<code>{_escape(document.get('reference'))}</code>, created "
-        f"{_escape(document.get('created'))}</p>" + "".join(sections) + "</body></html>\n"
+        f"<code>{_escape(document.reference)}</code>, created "
+        f"{_escape(document.created)}</p>" + "".join(sections) + "</body></html>\n"
     )
 
 
@@ -501,18 +510,19 @@ def render_html(
 
 
 def render_markdown(
-    document: Mapping[str, Any],
+    document: Results,
     attributions: Mapping[str, Mapping[str, Any]] | None = None,
     examples: int = DEFAULT_EXAMPLES,
     top: int = 5,
 ) -> str:
     """The report as Markdown: leaderboards, per-layer means, top tokens, provenance."""
-    data = document["provenance"]["dataset"]
+    document = as_result(document)
+    data = document.provenance["dataset"]
     lines = [
         f"# {_title(document)}",
         "",
-        f"n = {data.get('examples')} examples, reference `{document.get('reference')}`, "
-        f"created {document.get('created')}.",
+        f"n = {data.get('examples')} examples, reference `{document.reference}`, "
+        f"created {document.created}.",
         "",
     ]
     evaluators = ok_evaluators(document)
@@ -532,8 +542,7 @@ def render_markdown(
                 )
             lines.append("")
         depth = max(
-            (len(m.get("scores", {}).get(evaluator, {}).get("aggregated") or []))
-            for m in document["methods"].values()
+            (len(_layers(m, evaluator, "aggregated") or [])) for m in document.methods.values()
         )
         if depth > 1:
             lines += [
@@ -543,17 +552,16 @@ def render_markdown(
                 "|---|" + "---:|" * depth,
             ]
             for spec in ranked(document, evaluator):
-                layers = document["methods"][spec].get("scores", {}).get(evaluator, {})
-                layers = layers.get("aggregated") or []
+                layers = _layers(document.methods[spec], evaluator, "aggregated") or []
                 if len(layers) > 1:
-                    cells = [_signed(x["mean"]) for x in layers]
+                    cells = [_signed(x.mean) for x in layers]
                     lines.append(f"| `{spec}` | " + " | ".join(cells) + " |")
             lines.append("")
-    for name, state in document.get("evaluators", {}).items():
+    for name, state in document.evaluators.items():
         if state["status"] != "ok":
             lines += [f"Evaluator `{name}` failed: {state['error']}", ""]
     rows = token_rows(document, _examples(document, examples), attributions)
-    order = ranked(document, evaluators[0]) if evaluators else list(document["methods"])
+    order = ranked(document, evaluators[0]) if evaluators else list(document.methods)
     order += sorted({spec for methods in rows.values() for spec in methods} - set(order))
     if rows:
         lines += [f"## Top {top} tokens (last-layer aggregated rows)", ""]
@@ -579,48 +587,49 @@ def render_markdown(
 # ----------------------------------------------------------------- the terminal leaderboard
 
 
-def _mean(entry: dict[str, Any] | None) -> str:
-    if entry is None or entry["mean"] is None or math.isnan(entry["mean"]):
+def _mean(entry: LayerScore | None) -> str:
+    if entry is None or math.isnan(entry.mean):
         return "-"
-    return f"{entry['mean']:+.3f}"
+    return f"{entry.mean:+.3f}"
 
 
-def _ci(entry: dict[str, Any] | None) -> str:
-    if entry is None or entry["ci95"][0] is None or math.isnan(entry["ci95"][0]):
+def _ci(entry: LayerScore | None) -> str:
+    if entry is None or math.isnan(entry.ci95[0]):
         return "-"
-    low, high = entry["ci95"]
+    low, high = entry.ci95
     return f"[{low:+.2f},{high:+.2f}]"
 
 
-def _added_caption(document: dict[str, Any]) -> str:
+def _added_caption(result: Result) -> str:
     """Which rows were not selected: the reference and the random floor join every table."""
     notes = []
     for key, role in (("added_as_reference", "the reference"), ("added_as_floor", "the floor")):
-        added = [spec for spec, m in document["methods"].items() if m.get(key)]
+        added = [spec for spec, m in result.methods.items() if getattr(m, key)]
         if added:
             notes.append(f"{', '.join(added)}: added as {role}")
     return "; ".join(notes)
 
 
-def _status(method: dict[str, Any], evaluator: str) -> str:
-    if method["status"] != "ok":
-        return f"failed: {method['error']}"
-    pair = method.get("evaluators", {}).get(evaluator, {"status": "ok"})
+def _status(method: MethodResult, evaluator: str) -> str:
+    if method.status != "ok":
+        return f"failed: {method.error}"
+    pair = method.evaluators.get(evaluator, {"status": "ok"})
     if pair["status"] == "failed":
         return f"{evaluator} failed: {pair['error']}"
     return pair["status"]
 
 
-def leaderboard(document: dict[str, Any], evaluator: str, kind: str = "aggregated") -> Table:
+def leaderboard(document: Results, evaluator: str, kind: str = "aggregated") -> Table:
     """Rows = methods, best last-layer score first; best layer and last layer with 95% CI.
 
     Cost columns: seconds per example and peak memory (MB), both standalone.
     """
-    model = document["provenance"]["model"]
-    dataset = document["provenance"]["dataset"]
-    info = document.get("evaluator_info", {}).get(evaluator, {})
+    document = as_result(document)
+    model = document.provenance["model"]
+    dataset = document.provenance["dataset"]
+    info = document.evaluator_info.get(evaluator, {})
     higher_is_better = info.get("higher_is_better", True)
-    versus = f" vs {document['reference']}" if info.get("needs_reference", True) else ""
+    versus = f" vs {document.reference}" if info.get("needs_reference", True) else ""
     direction = "" if higher_is_better else ", lower is better"
     table = Table(
         title=f"{evaluator}{versus} ({kind}{direction}) — {model['name']} on "
@@ -638,22 +647,22 @@ def leaderboard(document: dict[str, Any], evaluator: str, kind: str = "aggregate
     table.add_column("status")
     sign = 1.0 if higher_is_better else -1.0
 
-    def last_mean(item: tuple[str, dict]) -> float:
-        layers = item[1]["scores"].get(evaluator, {}).get(kind)
-        mean = layers[-1]["mean"] if layers else None
+    def last_mean(item: tuple[str, MethodResult]) -> float:
+        layers = _layers(item[1], evaluator, kind)
+        mean = layers[-1].mean if layers else None
         return -math.inf if mean is None or math.isnan(mean) else sign * mean
 
-    for spec, method in sorted(document["methods"].items(), key=last_mean, reverse=True):
-        layers = method["scores"].get(evaluator, {}).get(kind)
-        seconds = method["seconds_per_example"]
+    for spec, method in sorted(document.methods.items(), key=last_mean, reverse=True):
+        layers = _layers(method, evaluator, kind)
+        seconds = method.seconds_per_example
         status = _status(method, evaluator)
         row = ["-", "-", "-"]
         if layers:
-            scored = [x for x in layers if x["mean"] is not None and not math.isnan(x["mean"])]
-            best = max(scored, key=lambda x: sign * x["mean"]) if scored else None
-            best_text = _mean(best) + (f" ({best['layer']})" if best and len(layers) > 1 else "")
+            scored = [x for x in layers if not math.isnan(x.mean)]
+            best = max(scored, key=lambda x: sign * x.mean) if scored else None
+            best_text = _mean(best) + (f" ({best.layer})" if best and len(layers) > 1 else "")
             row = [best_text, _mean(layers[-1]), _ci(layers[-1])]
-        memory = method.get("peak_memory_mb")
+        memory = method.peak_memory_mb
         table.add_row(
             spec,
             *row,

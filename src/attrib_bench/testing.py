@@ -8,11 +8,10 @@ pytest plugin imports this module in every pytest session, and the kit imports t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attrib_bench.gate import DEFAULT_TOLERANCE, Comparison, compare, load_results
+from attrib_bench.gate import DEFAULT_TOLERANCE, Comparison, Results, as_result, compare
 
 if TYPE_CHECKING:
     from attrib_bench.conformance import ConformanceError, check_attributor, check_evaluator
@@ -20,14 +19,12 @@ if TYPE_CHECKING:
 __all__ = [
     "ConformanceError",
     "Results",
-    "as_document",
+    "as_result",
     "assert_no_regression",
     "check_attributor",
     "check_evaluator",
     "run_config",
 ]
-
-Results = Mapping[str, Any] | Path | str
 
 #: Names this module re-exports from attrib_bench.conformance.
 _CONFORMANCE = ("ConformanceError", "check_attributor", "check_evaluator")
@@ -56,13 +53,6 @@ def run_config(path: Path | str, quiet: bool = True, **overrides: Any) -> dict[s
     return document
 
 
-def as_document(results: Results) -> Mapping[str, Any]:
-    """A result document given as itself or as the path of its JSON file."""
-    if isinstance(results, (str, Path)):
-        return load_results(results)
-    return results
-
-
 def assert_no_regression(
     results: Results,
     baseline: Results,
@@ -71,10 +61,14 @@ def assert_no_regression(
 ) -> Comparison:
     """Fail with the check's Markdown summary when any score regressed (see attrib_bench.gate).
 
+    ``results`` and ``baseline`` are ``Result`` objects, documents or paths (``as_result``).
     Returns the comparison when the gate passes, for further assertions.
     """
     comparison = compare(
-        as_document(results), as_document(baseline), tolerance=tolerance, all_layers=all_layers
+        as_result(results),
+        as_result(baseline, "baseline"),
+        tolerance=tolerance,
+        all_layers=all_layers,
     )
     if not comparison.passed:
         name = str(baseline) if isinstance(baseline, (str, Path)) else "baseline"

@@ -1,20 +1,38 @@
 """The result as typed objects: methods, scores per evaluator, kind and layer, per-example scores,
 provenance and cost, read from and written to the JSON schema (``schema/results.schema.json``).
 
-``Result.from_document`` takes a document as ``attrib-bench run --output`` writes it (validated
-by the gate's checker when loaded from a file); ``to_document`` gives it back unchanged, so the
-JSON file stays the one format. NaN stands for undefined in memory and null in the file.
+``Result.from_document`` takes a document as ``attrib-bench run --output`` writes it, checked
+first by ``validate`` (the one checker of the raw JSON: ``load_results`` and ``Result.load`` run
+it, and so does ``attrib_bench.gate.as_result`` for a document built in memory);
+``to_document`` gives it back unchanged, so the JSON file stays the one format. NaN stands for
+undefined in memory and null in the file. The gate, the reports and the pytest helpers read a
+``Result``.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Mapping
+import numbers
+import re
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
+
+from attrib_bench.errors import UsageError
+
+#: The top-level keys of the result schema (``schema/results.schema.json``) that must be there.
+REQUIRED = ("created", "config", "provenance", "reference", "evaluators", "methods")
+STATUSES = ("ok", "failed")
+#: A (method, evaluator) pair can also be undefined: NaN on every example.
+PAIR_STATUSES = ("ok", "failed", "undefined")
+KINDS = ("aggregated", "local")
+#: Cache keys are hex digests; anything else could point the report outside the cache.
+CACHE_KEY = re.compile(r"[0-9a-f]+")
 
 #: Keys of a method entry that have a typed field; any other key is kept in ``extra``.
 METHOD_KEYS = (
@@ -111,8 +129,8 @@ class MethodResult:
     def from_json(cls, spec: str, entry: Mapping[str, Any]) -> MethodResult:
         return cls(
             spec=spec,
-            name=entry["name"],
-            plugin=entry["plugin"],
+            name=entry.get("name", spec),
+            plugin=entry.get("plugin", ""),
             status=entry["status"],
             error=entry.get("error"),
             seconds_per_example=entry.get("seconds_per_example"),
@@ -188,6 +206,8 @@ class Result:
     methods: dict[str, MethodResult]
     #: Other top-level sections (``cache``, ``finetune``, ``merged_from``), kept as they are.
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The file it was read from, for error messages (None: built in memory); not in the JSON.
+    source: str | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_document(cls, document: Mapping[str, Any]) -> Result:
@@ -205,6 +225,7 @@ class Result:
                 for spec, entry in document["methods"].items()
             },
             extra={k: v for k, v in document.items() if k not in RESULT_KEYS},
+            source=getattr(document, "path", None),
         )
 
     def to_document(self) -> dict[str, Any]:
@@ -224,11 +245,214 @@ class Result:
     @classmethod
     def load(cls, path: Path | str) -> Result:
         """Read and validate a result file; one-line UsageError when it is not a usable one."""
-        from attrib_bench.gate import load_results
-
         return cls.from_document(load_results(path))
 
     def save(self, path: Path | str) -> None:
         from attrib_bench.results.document import write_json
 
         write_json(self.to_document(), Path(path))
+
+
+# ------------------------------------------------------------ reading and checking the JSON
+
+
+class ResultDocument(dict):
+    """A result document read from a file: ``path`` names that file in later error messages."""
+
+    path: str
+
+
+def load_results(path: Path | str) -> ResultDocument:
+    """A result document from ``attrib-bench run --output``; UsageError when unusable."""
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"result file {str(path)!r} does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UsageError(f"{str(path)!r} is not JSON ({error})") from None
+    validate(document, str(path))
+    loaded = ResultDocument(document)
+    loaded.path = str(path)
+    return loaded
+
+
+def validate(document: Any, name: str) -> None:
+    """Check every part of a result that ``check`` and ``report`` read, before either reads it.
+
+    One UsageError naming the file and the field, so that a malformed file never surfaces later
+    as a traceback from deep inside the comparison or a plot. Both commands rely on this alone.
+    """
+    if not isinstance(document, Mapping) or "methods" not in document:
+        raise UsageError(f"{name!r} is not an attrib-bench result (no 'methods')")
+    version = document.get("schema_version")
+    if version != 1:
+        raise UsageError(f"{name!r} has schema_version {version!r}; this attrib-bench reads 1")
+    schema = Schema(f"{name!r} is not a valid attrib-bench result")
+    for key in REQUIRED:
+        schema.field(document, key, "the result")
+    schema.string(document["created"], "created")
+    schema.string(document["reference"], "reference")
+    schema.object(document["config"], "config")
+    provenance = schema.object(document["provenance"], "provenance")
+    model = schema.object(schema.field(provenance, "model", "provenance"), "provenance.model")
+    schema.string(schema.field(model, "id", "provenance.model"), "provenance.model.id")
+    dataset = schema.object(schema.field(provenance, "dataset", "provenance"), "provenance.dataset")
+    for key in ("name", "split"):
+        schema.string(schema.field(dataset, key, "provenance.dataset"), f"provenance.dataset.{key}")
+    for key in ("packages", "hardware"):
+        if key in provenance:
+            schema.object(provenance[key], f"provenance.{key}")
+    for evaluator, state in schema.object(document["evaluators"], "evaluators").items():
+        where = f"evaluators[{evaluator!r}]"
+        schema.object(state, where)
+        schema.choice(schema.field(state, "status", where), STATUSES, f"{where}.status")
+        schema.optional_string(schema.field(state, "error", where), f"{where}.error")
+    information = schema.object(document.get("evaluator_info", {}), "evaluator_info")
+    for evaluator, info in information.items():
+        where = f"evaluator_info[{evaluator!r}]"
+        schema.object(info, where)
+        for key in ("higher_is_better", "needs_reference"):
+            if key in info and not isinstance(info[key], bool):
+                schema.fail(f"{where}.{key}", "true or false", info[key])
+    ids = document.get("example_ids")
+    if ids is not None:
+        for index, example in enumerate(schema.array(ids, "example_ids")):
+            schema.string(example, f"example_ids[{index}]")
+    if document.get("cache"):
+        _validate_cache(schema, document["cache"])
+    methods = schema.object(document["methods"], "methods")
+    if not methods:
+        raise UsageError(f"{name!r} has no methods: it holds no scores")
+    for spec, method in methods.items():
+        _validate_method(schema, method, f"methods[{spec!r}]", None if ids is None else len(ids))
+
+
+def _validate_method(schema: Schema, method: Any, where: str, examples: int | None) -> None:
+    schema.object(method, where)
+    schema.choice(schema.field(method, "status", where), STATUSES, f"{where}.status")
+    schema.optional_string(method.get("error"), f"{where}.error")
+    for key in ("seconds_per_example", "peak_memory_mb"):
+        schema.optional_number(method.get(key), f"{where}.{key}")
+    for evaluator, pair in schema.object(
+        method.get("evaluators", {}), f"{where}.evaluators"
+    ).items():
+        at = f"{where}.evaluators[{evaluator!r}]"
+        schema.object(pair, at)
+        schema.choice(schema.field(pair, "status", at), PAIR_STATUSES, f"{at}.status")
+        schema.optional_string(pair.get("error"), f"{at}.error")
+    for evaluator, kinds in schema.object(method.get("scores", {}), f"{where}.scores").items():
+        for kind, layers in schema.kinds(kinds, f"{where}.scores[{evaluator!r}]"):
+            for index, summary in enumerate(layers):
+                at = f"{where}.scores[{evaluator!r}].{kind}[{index}]"
+                schema.object(summary, at)
+                layer = schema.field(summary, "layer", at)
+                if not _is_integer(layer) or layer < 1:
+                    schema.fail(f"{at}.layer", "an integer >= 1", layer)
+                schema.optional_number(schema.field(summary, "mean", at), f"{at}.mean")
+                ci = schema.array(schema.field(summary, "ci95", at), f"{at}.ci95", 2)
+                for bound in ci:
+                    schema.optional_number(bound, f"{at}.ci95")
+                count = schema.field(summary, "n", at)
+                if not _is_integer(count) or count < 0:
+                    schema.fail(f"{at}.n", "an integer >= 0", count)
+                schema.optional_number(summary.get("std"), f"{at}.std")
+                undefined = summary.get("nan", 0)
+                if not _is_integer(undefined) or undefined < 0:
+                    schema.fail(f"{at}.nan", "an integer >= 0", undefined)
+    per_example = schema.object(method.get("per_example", {}), f"{where}.per_example")
+    for evaluator, kinds in per_example.items():
+        for kind, layers in schema.kinds(kinds, f"{where}.per_example[{evaluator!r}]"):
+            for index, values in enumerate(layers):
+                at = f"{where}.per_example[{evaluator!r}].{kind}[{index}]"
+                for position, value in enumerate(schema.array(values, at, examples)):
+                    schema.optional_number(value, f"{at}[{position}]")
+
+
+def _validate_cache(schema: Schema, cache: Any) -> None:
+    schema.object(cache, "cache")
+    directory = schema.string(schema.field(cache, "dir", "cache"), "cache.dir")
+    if "\0" in directory:
+        schema.fail("cache.dir", "a path", directory)
+    for key in ("methods", "examples"):
+        for item, value in schema.object(schema.field(cache, key, "cache"), f"cache.{key}").items():
+            _cache_key(schema, value, f"cache.{key}[{item!r}]")
+    if cache.get("reference") is not None:
+        _cache_key(schema, cache["reference"], "cache.reference")
+    for spec, hits in schema.object(schema.field(cache, "hits", "cache"), "cache.hits").items():
+        if not _is_integer(hits) or hits < 0:
+            schema.fail(f"cache.hits[{spec!r}]", "an integer >= 0", hits)
+
+
+def _cache_key(schema: Schema, value: Any, where: str) -> None:
+    if not isinstance(value, str) or not CACHE_KEY.fullmatch(value):
+        schema.fail(where, "a hex cache key", value)
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_number(value: Any) -> bool:
+    """A finite real, or NaN (undefined); not a bool, infinity or a 400-digit integer."""
+    if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
+        return False
+    return abs(value) <= sys.float_info.max or value != value  # NaN is not equal to itself
+
+
+def _shown(value: Any) -> str:
+    """A value as the error message shows it: on one line, and short."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class Schema:
+    """Type checks that raise one UsageError: ``problem`` (which file), then the field."""
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+
+    def fail(self, where: str, expected: str, value: Any) -> NoReturn:
+        raise UsageError(f"{self.problem}: {where} must be {expected}, not {_shown(value)}")
+
+    def field(self, container: Mapping[str, Any], key: str, where: str) -> Any:
+        if key not in container:
+            raise UsageError(f"{self.problem}: {where} has no {key!r}")
+        return container[key]
+
+    def object(self, value: Any, where: str) -> Mapping[str, Any]:
+        if not isinstance(value, Mapping):
+            self.fail(where, "an object", value)
+        return value
+
+    def array(self, value: Any, where: str, length: int | None = None) -> Sequence[Any]:
+        if not isinstance(value, (list, tuple)):
+            self.fail(where, "an array", value)
+        if length is not None and len(value) != length:
+            self.fail(where, f"an array of {length} (one per example id)", value)
+        return value
+
+    def string(self, value: Any, where: str) -> str:
+        if not isinstance(value, str):
+            self.fail(where, "a string", value)
+        return value
+
+    def optional_string(self, value: Any, where: str) -> None:
+        if value is not None and not isinstance(value, str):
+            self.fail(where, "a string or null", value)
+
+    def optional_number(self, value: Any, where: str) -> None:
+        if value is not None and not _is_number(value):
+            self.fail(where, "a number or null", value)
+
+    def choice(self, value: Any, choices: Sequence[str], where: str) -> None:
+        if value not in choices:
+            self.fail(where, " or ".join(repr(c) for c in choices), value)
+
+    def kinds(self, value: Any, where: str) -> list[tuple[str, Sequence[Any]]]:
+        """An evaluator's ``{kind: [per layer]}``, its kinds among ``aggregated`` and ``local``."""
+        kinds = self.object(value, where)
+        for kind in kinds:
+            if kind not in KINDS:
+                self.fail(where, "keyed by 'aggregated' or 'local'", kind)
+        return [(kind, self.array(layers, f"{where}.{kind}")) for kind, layers in kinds.items()]
