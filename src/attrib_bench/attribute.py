@@ -12,8 +12,14 @@ from pathlib import Path
 
 import torch
 
-from attrib_bench.plugins import Spec
-from attrib_bench.runner import MethodState, Prepared, RunConfig, attribution_stream, prepare
+from attrib_bench.runner import (
+    MethodState,
+    Prepared,
+    RunConfig,
+    attribution_stream,
+    prepare,
+    selected_specs,
+)
 
 
 def write_attributions(config: RunConfig, output: Path, quiet: bool = False) -> bool:
@@ -25,7 +31,7 @@ def write_attributions(config: RunConfig, output: Path, quiet: bool = False) -> 
     torch.manual_seed(config.seed)
     prepared = prepare(config, quiet)
     registry = prepared.registry
-    specs = [str(Spec.parse(s)) for s in (config.attributors or registry.defaults("attributors"))]
+    specs = selected_specs(registry, config.attributors)
     methods = [MethodState(spec, registry.attributor(spec)) for spec in specs]
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(output.name + ".tmp")

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import textwrap
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,13 +211,9 @@ def check_attributor(
     known, problems = _trace_fields(fields)
     _raise(obj, [("", message) for message in problems + _attributor_interface(obj, known)])
     runnable, problems, skipped = _runnable(obj, families)
-    shapes = {}
-    for family in runnable:
-        try:
-            shapes[family], found = _attributor_problems(obj, tiny_model(family), seed, known)
-        except _Unusable as error:
-            found = [str(error)]
-        problems += [(family, message) for message in found]
+    shapes = _per_family(
+        runnable, problems, lambda model: _attributor_problems(obj, model, seed, known)
+    )
     _raise(obj, problems)
     return AttributorReport(obj.name, shapes, skipped)
 
@@ -247,17 +243,30 @@ def check_evaluator(
     known, problems = _trace_fields(fields)
     _raise(obj, [("", message) for message in problems + _evaluator_interface(obj)])
     runnable, problems, skipped = _runnable(method, families, f"the attributor {method.name!r}")
+    shapes = _per_family(
+        runnable,
+        problems,
+        lambda model: _evaluator_problems(obj, method, model, seed, batch_independent, known),
+    )
+    _raise(obj, problems)
+    return EvaluatorReport(obj.name, shapes, skipped)
+
+
+def _per_family(
+    families: Sequence[str],
+    problems: list[tuple[str, str]],
+    check: Callable[[LoadedModel], tuple[Any, list[str]]],
+) -> dict[str, Any]:
+    """Run ``check`` on each family's tiny model: the shapes it saw per family; its problems
+    (or why the model could not be used) appended to ``problems`` under the family's name."""
     shapes = {}
-    for family in runnable:
+    for family in families:
         try:
-            shapes[family], found = _evaluator_problems(
-                obj, method, tiny_model(family), seed, batch_independent, known
-            )
+            shapes[family], found = check(tiny_model(family))
         except _Unusable as error:
             found = [str(error)]
         problems += [(family, message) for message in found]
-    _raise(obj, problems)
-    return EvaluatorReport(obj.name, shapes, skipped)
+    return shapes
 
 
 def _trace_fields(

@@ -182,20 +182,27 @@ def _collect(
     return table
 
 
+def _check_description(plugin: str, obj: Any, kind: type, kind_name: str, what: str) -> None:
+    """A described object a hook returned (a model family, a trace field) is of its type and
+    passes its own ``problem()``; else one UsageError naming the plugin."""
+    if not isinstance(obj, kind):
+        raise UsageError(f"plugin {plugin} returned {obj!r}, which is not an {kind_name}")
+    problem = obj.problem()
+    if problem is not None:
+        raise UsageError(f"plugin {plugin} returned a bad {what}: {problem}")
+
+
 def _collect_architectures(pm: pluggy.PluginManager) -> dict[str, Registered]:
     table: dict[str, Registered] = {}
     for impl in pm.hook.attrib_bench_architectures.get_hookimpls():
         for spec in impl.function() or []:
-            if not isinstance(spec, ArchitectureSpec):
-                raise UsageError(
-                    f"plugin {impl.plugin_name} returned {spec!r}, which is not an "
-                    "attrib_bench.model.architectures.ArchitectureSpec"
-                )
-            problem = spec.problem()
-            if problem is not None:
-                raise UsageError(
-                    f"plugin {impl.plugin_name} returned a bad architecture: {problem}"
-                )
+            _check_description(
+                impl.plugin_name,
+                spec,
+                ArchitectureSpec,
+                "attrib_bench.model.architectures.ArchitectureSpec",
+                "architecture",
+            )
             for model_type in spec.model_types:
                 if model_type in table:
                     raise UsageError(
@@ -210,14 +217,9 @@ def _collect_trace_fields(pm: pluggy.PluginManager) -> dict[str, Registered]:
     table = {f.name: Registered(f, BUILTIN_SOURCE) for f in BUILTIN_FIELDS}
     for impl in pm.hook.attrib_bench_trace_fields.get_hookimpls():
         for trace_field in impl.function() or []:
-            if not isinstance(trace_field, TraceField):
-                raise UsageError(
-                    f"plugin {impl.plugin_name} returned {trace_field!r}, which is not an "
-                    "attrib_bench.TraceField"
-                )
-            problem = trace_field.problem()
-            if problem is not None:
-                raise UsageError(f"plugin {impl.plugin_name} returned a bad trace field: {problem}")
+            _check_description(
+                impl.plugin_name, trace_field, TraceField, "attrib_bench.TraceField", "trace field"
+            )
             name = trace_field.name
             if name in table and table[name].source == BUILTIN_SOURCE:
                 raise UsageError(

@@ -294,12 +294,17 @@ def _same_method(registry: Registry, spec: str) -> tuple:
     return (parsed.name, tuple(sorted((k, str(v)) for k, v in settings.items())))
 
 
+def selected_specs(registry: Registry, attributors: Sequence[str] | None) -> list[str]:
+    """The attributor specs a run or ``attribute`` uses: those given, else the defaults."""
+    return [str(Spec.parse(s)) for s in (attributors or registry.defaults("attributors"))]
+
+
 def leaderboard_methods(
     registry: Registry, attributors: Sequence[str] | None, reference: str
 ) -> tuple[list[MethodState], str]:
     """The selected methods (or the defaults), plus the reference and the floor when absent;
     and the spec the reference runs under (a selected spec that is the same method, if any)."""
-    specs = [str(Spec.parse(s)) for s in (attributors or registry.defaults("attributors"))]
+    specs = selected_specs(registry, attributors)
     methods = [MethodState(spec, registry.attributor(spec)) for spec in specs]
     wanted = _same_method(registry, reference)
     reference = next((s for s in specs if _same_method(registry, s) == wanted), None) or str(
