@@ -21,7 +21,7 @@ from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import load_examples
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
-from attrib_bench.runner import RunConfig, run_benchmark
+from attrib_bench.runner.engine import RunConfig, run_benchmark
 from attrib_bench_plugins.effective import effective_attention
 
 MRPC = Path(__file__).resolve().parents[2] / "shared" / "data" / "mrpc"

@@ -33,7 +33,7 @@ from attrib_bench.data.load import load_examples
 from attrib_bench.model.finetune import FinetuneConfig, default_model_source, finetune
 from attrib_bench.model.load import load_model
 from attrib_bench.results import write_json
-from attrib_bench.runner import RunConfig, run_benchmark
+from attrib_bench.runner.engine import RunConfig, run_benchmark
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 RESULTS = Path(__file__).parent / "results"

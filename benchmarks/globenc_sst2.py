@@ -24,7 +24,7 @@ from attrib_bench.model.finetune import (
     read_metadata,
 )
 from attrib_bench.results import write_json
-from attrib_bench.runner import RunConfig, run_benchmark
+from attrib_bench.runner.engine import RunConfig, run_benchmark
 
 SST2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2"
 RESULTS = Path(__file__).parent / "results"

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import torch
 
+from attrib_bench.core.interfaces import Example
+from attrib_bench.core.registry import load_registry
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import load_examples
-from attrib_bench.interfaces import Example
-from attrib_bench.memory import PeakMemory
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import TRACE_FIELDS, trace_batch
-from attrib_bench.plugins import load_registry
+from attrib_bench.runner.memory import PeakMemory
 from attrib_bench_plugins.norm import GLOBENC_EIGHT
 
 SST2_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2"

@@ -8,7 +8,7 @@ number positions after the padding index.
 from __future__ import annotations
 
 import attrib_bench
-from attrib_bench.model.architectures import ArchitectureSpec
+from attrib_bench.core.architecture_spec import ArchitectureSpec
 
 
 @attrib_bench.hookimpl

@@ -3,7 +3,7 @@
 Per layer, M^l is the head mean of the attention probabilities (W). ``attention`` rolls W out
 without a residual; ``rollout`` uses (1 - r) * W + r * I with r = 0.5 by default
 (../shared/specs/attention-family.md, "W" and "W-FixedRes"). The flow is
-``attrib_bench.attention_family``'s.
+``attrib_bench.toolkit.attention_family``'s.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 import attrib_bench
 from attrib_bench import Trace
-from attrib_bench.attention_family import AttentionFamily, head_mean_attention
+from attrib_bench.toolkit.attention_family import AttentionFamily, head_mean_attention
 
 
 class RawAttention(AttentionFamily):

@@ -12,9 +12,9 @@ T_h = (V_h R^T) Q^T, so the n x d_v matrix V_h R^T has T_h's singular values and
 vectors at the cost of an SVD of V_h's size. Per example on its real tokens only; SVDs are
 batched over the heads of all same-length examples.
 
-Rolled out like raw attention (``attrib_bench.attention_family``), with (1 - r) A_eff + r I for
-``residual=r`` > 0: the rows of A_eff do not sum to 1 (they may be near 0 or negative), so they
-are not renormalised first.
+Rolled out like raw attention (``attrib_bench.toolkit.attention_family``), with
+(1 - r) A_eff + r I for ``residual=r`` > 0: the rows of A_eff do not sum to 1 (they may be
+near 0 or negative), so they are not renormalised first.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import torch
 
 import attrib_bench
 from attrib_bench import Trace
-from attrib_bench.aggregation import mix_identity
-from attrib_bench.attention_family import AttentionFamily
+from attrib_bench.toolkit.aggregation import mix_identity
+from attrib_bench.toolkit.attention_family import AttentionFamily
 
 
 def column_space_projector(matrices_XNE: torch.Tensor, width: int, eps: float) -> torch.Tensor:

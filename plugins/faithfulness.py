@@ -46,7 +46,7 @@ import torch
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, EvalContext, Trace, UsageError
-from attrib_bench.ranking import erasure_mask, scored_row
+from attrib_bench.toolkit.ranking import erasure_mask, scored_row
 
 REMOVALS = ("mask", "pad", "zero", "delete")
 AOPC_RATIOS = "0.1/0.2/0.3/0.4/0.5/0.6/0.7/0.8/0.9"

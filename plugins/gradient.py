@@ -1,7 +1,7 @@
 """Gradient methods at the embedding output, through Captum (../shared/specs/evaluation.md).
 
 The attribution is taken at the output of the embedding module (``hidden_states[0]``: after
-the embedding LayerNorm) for the run's target score (attrib_bench.target: by default the logit
+the embedding LayerNorm) for the run's target score (attrib_bench.core.target: by default the logit
 of the predicted class; ``target=predicted|gold`` on the method overrides it with that class's
 logit), and reduced per token by the L2 norm over the hidden dimension (``reduce=sum``: signed
 sum). A contrastive score (two logits' difference) is no single output Captum could select, so
@@ -17,7 +17,7 @@ import torch
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, Trace, UsageError
-from attrib_bench.target import target_score
+from attrib_bench.core.target import target_score
 
 
 def _forward(model: torch.nn.Module) -> Callable[..., torch.Tensor]:

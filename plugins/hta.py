@@ -19,7 +19,7 @@ import torch
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, Trace
-from attrib_bench.token_contributions import contributions
+from attrib_bench.toolkit.token_contributions import contributions
 
 
 class HiddenTokenAttribution(Configurable):

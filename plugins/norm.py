@@ -1,9 +1,10 @@
 """Norm-based attribution (Kobayashi et al. 2020, 2021) and GlobEnc (Modarressi et al. 2022).
 
 The per-layer matrices N, N-Res, N-ResLN and N-Enc (GlobEnc) and GlobEnc's mixing ratio come
-from ``attrib_bench.norm_decomposition`` (../shared/specs/attention-family.md), computed once per
-batch for the whole family. Rollout of N, N-Res, N-ResLN and N-Enc uses no row normalisation and
-no identity (official GlobEnc code); ``normalize_rows=true`` rescales rows first.
+from ``attrib_bench.toolkit.norm_decomposition`` (../shared/specs/attention-family.md), computed
+once per batch for the whole family. Rollout of N, N-Res, N-ResLN and N-Enc uses no row
+normalisation and no identity (official GlobEnc code); ``normalize_rows=true`` rescales rows
+first.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import torch
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, Trace, UsageError
-from attrib_bench.aggregation import fixed_residual, layerwise_attribution, normalize_rows
-from attrib_bench.attention_family import head_mean_attention
-from attrib_bench.norm_decomposition import NEEDS, REQUIRES, norm_family
+from attrib_bench.toolkit.aggregation import fixed_residual, layerwise_attribution, normalize_rows
+from attrib_bench.toolkit.attention_family import head_mean_attention
+from attrib_bench.toolkit.norm_decomposition import NEEDS, REQUIRES, norm_family
 
 #: The official GlobEnc notebook's eight methods, by their attrib-bench names.
 GLOBENC_EIGHT = (

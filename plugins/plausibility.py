@@ -38,7 +38,7 @@ import numpy as np
 import attrib_bench
 from attrib_bench import Attribution, Configurable, EvalContext, UsageError
 from attrib_bench.data.rationales import word_scores
-from attrib_bench.ranking import ratio_k, scored_row
+from attrib_bench.toolkit.ranking import ratio_k, scored_row
 
 
 def top_k_words(scores: np.ndarray, k: int) -> np.ndarray:

@@ -52,7 +52,7 @@ class AttribBench:
 
     def load(self, results: Path | str) -> Any:
         """A result JSON written earlier by ``attrib-bench run --output``, as a ``Result``."""
-        from attrib_bench.gate import as_result
+        from attrib_bench.results.typed import as_result
 
         return as_result(self.path(results))
 

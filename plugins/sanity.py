@@ -33,8 +33,8 @@ from torch import nn
 import attrib_bench
 from attrib_bench import Attribution, Configurable, EvalContext, UsageError
 from attrib_bench.model.trace import trace_batch
-from attrib_bench.ranking import scored_row
-from attrib_bench.stats import spearman_rows
+from attrib_bench.results.stats import spearman_rows
+from attrib_bench.toolkit.ranking import scored_row
 
 
 def reinitialize(module: nn.Module, std: float, generator: torch.Generator) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, EvalContext
-from attrib_bench.stats import spearman_rows
+from attrib_bench.results.stats import spearman_rows
 
 
 def _match_layers(reference_BLN: np.ndarray, layers: int) -> np.ndarray:

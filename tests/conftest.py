@@ -32,14 +32,16 @@ def minilm_path() -> str:
 
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> Path:
-    from attrib_bench.conformance import save_tiny_model  # the tiny model plugin authors get
+    from attrib_bench.testing.conformance import (
+        save_tiny_model,  # the tiny model plugin authors get
+    )
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny-bert"), "bert")
 
 
 @pytest.fixture(scope="session")
 def tiny_roberta(tmp_path_factory) -> Path:
-    from attrib_bench.conformance import save_tiny_model
+    from attrib_bench.testing.conformance import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny-roberta"), "roberta")
 

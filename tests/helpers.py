@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
+from attrib_bench.core.interfaces import Attribution, Batch, Example
 from attrib_bench.data.batches import make_batches
-from attrib_bench.interfaces import Attribution, Batch, Example
 from attrib_bench.model.load import LoadedModel
 from attrib_bench.model.trace import TRACE_FIELDS, Trace, trace_batch
 

@@ -15,10 +15,11 @@ from helpers import examples, one_batch
 from test_plugins import assert_one_line_error, write_module
 
 from attrib_bench import EvalContext, UsageError
-from attrib_bench.model.architectures import ArchitectureSpec, EncoderAdapter, unmet_needs
+from attrib_bench.core.architecture_spec import ArchitectureSpec
+from attrib_bench.core.registry import load_registry
+from attrib_bench.model.architectures import EncoderAdapter, unmet_needs
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
-from attrib_bench.plugins import load_registry
 from attrib_bench_plugins.gradient import Saliency
 from attrib_bench_plugins.norm import NormVariant
 from attrib_bench_plugins.sanity import ModelRandomization
@@ -26,7 +27,7 @@ from attrib_bench_plugins.sanity import ModelRandomization
 #: A RoBERTa descendant transformers knows and attrib-bench does not: what a third party adds.
 DATA2VEC_FAMILY = """
     import attrib_bench
-    from attrib_bench.model.architectures import ArchitectureSpec
+    from attrib_bench.core.architecture_spec import ArchitectureSpec
 
 
     @attrib_bench.hookimpl
@@ -37,7 +38,7 @@ DATA2VEC_FAMILY = """
 #: Megatron-BERT: BERT's layout with pre-LN blocks (the norms sit before each sublayer).
 MEGATRON_FAMILY = """
     import attrib_bench
-    from attrib_bench.model.architectures import ArchitectureSpec
+    from attrib_bench.core.architecture_spec import ArchitectureSpec
 
 
     @attrib_bench.hookimpl
@@ -51,7 +52,7 @@ MEGATRON_FAMILY = """
 
 ANOTHER_BERT = """
     import attrib_bench
-    from attrib_bench.model.architectures import ArchitectureSpec
+    from attrib_bench.core.architecture_spec import ArchitectureSpec
 
 
     @attrib_bench.hookimpl
@@ -212,7 +213,7 @@ def test_two_plugins_serving_one_model_type_name_both(run_cli, tmp_path):
 def test_bad_architectures_are_usage_errors(returned, needles, tmp_path):
     source = f"""
         import attrib_bench
-        from attrib_bench.model.architectures import ArchitectureSpec
+        from attrib_bench.core.architecture_spec import ArchitectureSpec
 
 
         @attrib_bench.hookimpl

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attrib_bench.interfaces import Batch
+from attrib_bench.core.interfaces import Batch
 from attrib_bench.model.trace import Trace
 from attrib_bench_plugins.attention import RawAttention, Rollout
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from attrib_bench.plugins import load_registry
+from attrib_bench.core.registry import load_registry
 from attrib_bench.testing import check_attributor
 
 #: Parameter settings beyond the defaults that take other code paths.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from attrib_bench.cache import (
+from attrib_bench.runner.cache import (
     NO_CACHE_ENV,
     atomic_write,
     code_identity,
@@ -94,7 +94,8 @@ def test_rerun_reuses_everything_and_equals_a_fresh_computation(
     # Everything cached: no method runs and no batch is even traced.
     cache_on.unlink()
     monkeypatch.setattr(
-        "attrib_bench.runner.trace_batch", lambda *a, **k: pytest.fail("traced a cached batch")
+        "attrib_bench.runner.engine.trace_batch",
+        lambda *a, **k: pytest.fail("traced a cached batch"),
     )
     again, err = run(run_cli, tmp_path, tiny_bert, "counted,attention", name="again.json")
     assert computed(cache_on) == []
@@ -173,7 +174,7 @@ def test_corrupt_entries_are_detected_deleted_and_recomputed(
 
 
 def test_keys_follow_parameters_version_and_source(tmp_path):
-    from attrib_bench.plugins import load_registry
+    from attrib_bench.core.registry import load_registry
 
     registry = load_registry()
     source = registry.attributors["rollout"].source
@@ -324,7 +325,7 @@ def test_a_larger_limit_reuses_every_example_a_smaller_one_computed(
 
 def test_a_result_file_cannot_make_the_report_delete_files(tmp_path):
     """``cached_rows`` follows paths a result file names: a bad entry there is left alone."""
-    from attrib_bench.cache import cached_rows
+    from attrib_bench.runner.cache import cached_rows
 
     victim = tmp_path / "method" / "example.json"
     victim.parent.mkdir()

@@ -10,8 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attrib_bench.errors import ExitCode, UsageError
-from attrib_bench.gate import compare, load_results, paired_bootstrap
+from attrib_bench.core.errors import ExitCode, UsageError
+from attrib_bench.reports.gate import gate_markdown
+from attrib_bench.results.typed import load_results
+from attrib_bench.testing.gate import compare, paired_bootstrap
 
 N = 60
 
@@ -79,7 +81,7 @@ def test_a_clear_drop_is_a_regression(scores):
     assert regression.method == "a"
     assert regression.delta == pytest.approx(float(np.mean(noise - 0.1)))
     assert regression.ci[0] < regression.delta < regression.ci[1] < 0
-    text = comparison.markdown("now.json", "base.json")
+    text = gate_markdown(comparison, "now.json", "base.json")
     assert text.startswith("## ❌ attrib-bench check: 1 regression(s)")
     assert "| `a` | spearman | aggregated | 1 |" in text and "❌ regression" in text
 
@@ -92,11 +94,11 @@ def test_a_drop_within_tolerance_or_within_noise_passes(scores):
     b[:3] -= 1.0
     now = document({"a": list(scores - 0.01), "b": list(b)})
     comparison = compare(now, base, tolerance=0.02)
-    assert comparison.passed, comparison.markdown()
+    assert comparison.passed, gate_markdown(comparison)
     rows = {r.method: r for r in comparison.rows}
     assert rows["a"].ci[1] < 0 and rows["a"].delta > -0.02
     assert rows["b"].delta < -0.02 and rows["b"].ci[1] >= 0
-    assert "⚠️ worse, within noise" in comparison.markdown()
+    assert "⚠️ worse, within noise" in gate_markdown(comparison)
     # The same drops gate with a zero tolerance only where the CI excludes zero.
     assert [r.method for r in compare(now, base, tolerance=0.0).regressions] == ["a"]
 
@@ -107,7 +109,7 @@ def test_lower_is_better_evaluators_regress_when_the_score_rises(scores):
     better = document({"a": list(scores - 0.1)}, higher_is_better=False, evaluator="deletion")
     assert compare(worse, base).exit_code == ExitCode.REGRESSION
     improved = compare(better, base)
-    assert improved.passed and "✅ improved" in improved.markdown()
+    assert improved.passed and "✅ improved" in gate_markdown(improved)
 
 
 def test_examples_are_paired_by_id_not_position(scores):
@@ -131,7 +133,7 @@ def test_scores_that_became_undefined_fail_the_gate(scores):
     assert comparison.exit_code == ExitCode.REGRESSION
     (row,) = comparison.regressions
     assert (row.n, row.undefined, row.undefined_rose) == (0, (0.0, 1.0), True)
-    text = comparison.markdown()
+    text = gate_markdown(comparison)
     assert text.startswith("## ❌ attrib-bench check: 1 regression(s)")
     assert "| 0 | 0% → 100% | ❌ undefined 0% → 100%; ❌ no example scored in both |" in text
     assert "no shared scores" not in text and "✅" not in text
@@ -140,7 +142,7 @@ def test_scores_that_became_undefined_fail_the_gate(scores):
     comparison = compare(document({"a": [None] * 55 + list(scores[55:] + 0.2)}), base)
     (row,) = comparison.regressions
     assert (row.n, row.delta) == (5, 0.0)
-    assert "| 5 | 0% → 92% | ❌ undefined 0% → 92% |" in comparison.markdown()
+    assert "| 5 | 0% → 92% | ❌ undefined 0% → 92% |" in gate_markdown(comparison)
 
     # A rise within the tolerance passes; beyond it (here 2 of 60 > 0.02) it does not.
     one, two = list(scores), list(scores)
@@ -159,7 +161,7 @@ def test_missing_examples_and_missing_scores_fail_the_gate(scores):
     comparison = compare(document({"a": list(scores[:40])}, ids[:40]), base)
     (row,) = comparison.regressions
     assert (row.n, row.delta, row.missing) == (40, 0.0, 20)
-    assert "| 40 | 0% | ❌ 20 baseline example(s) missing |" in comparison.markdown()
+    assert "| 40 | 0% | ❌ 20 baseline example(s) missing |" in gate_markdown(comparison)
     # More examples now than in the baseline is fine.
     assert compare(base, document({"a": list(scores[:40])}, ids[:40])).passed
 
@@ -182,7 +184,7 @@ def test_failed_removed_added_and_changed_settings_are_reported(scores):
     assert comparison.exit_code == ExitCode.REGRESSION  # a method that broke fails the gate
     assert (comparison.removed, comparison.added) == (["gone"], ["new"])
     assert ("limit", N, 10) in comparison.config_changes
-    text = comparison.markdown()
+    text = gate_markdown(comparison)
     assert "- ❌ `b`: RuntimeError: boom" in text
     assert "**Removed** (in the baseline, not in the results): `gone`" in text
     assert "**Added** (no baseline yet): `new`" in text
@@ -372,7 +374,7 @@ def test_an_evaluator_failing_on_one_method_is_a_regression_with_its_error(score
     assert comparison.exit_code == ExitCode.REGRESSION
     assert comparison.failed == {"a (spearman)": "ValueError: bad shape"}
     assert [r.method for r in comparison.regressions] == ["a"]
-    assert "❌ `a (spearman)`: ValueError: bad shape" in comparison.markdown()
+    assert "❌ `a (spearman)`: ValueError: bad shape" in gate_markdown(comparison)
 
 
 def test_undefined_in_both_files_is_reported_not_a_regression(scores):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from attrib_bench.config import make_plan, read_config
-from attrib_bench.errors import UsageError
+from attrib_bench.core.errors import UsageError
+from attrib_bench.runner.config import make_plan, read_config
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -143,7 +143,7 @@ def _script(path: Path):
 
 
 def test_shipped_configs_are_valid():
-    from attrib_bench.plugins import load_registry
+    from attrib_bench.core.registry import load_registry
 
     registry = load_registry()
     configs = sorted(BENCHMARKS.glob("*.toml"))
@@ -167,7 +167,7 @@ def test_the_globenc_config_is_the_benchmark_script():
     ``../shared`` may be one.
     """
     from attrib_bench.model.finetune import FinetuneConfig, default_model_source
-    from attrib_bench.runner import RunConfig
+    from attrib_bench.runner.engine import RunConfig
 
     script = _script(BENCHMARKS / "globenc_sst2.py")
     plan = make_plan(BENCHMARKS / "globenc_sst2.toml", {})

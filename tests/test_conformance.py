@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from attrib_bench import Attribution, EvalContext, Trace, TraceField
-from attrib_bench.conformance import EXAMPLES, LayerNormInputs
-from attrib_bench.plugins import load_registry
+from attrib_bench.core.registry import load_registry
 from attrib_bench.testing import ConformanceError, check_attributor, check_evaluator
+from attrib_bench.testing.conformance import EXAMPLES, LayerNormInputs
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELD_PLUGIN = ROOT / "tests" / "plugin_fixtures" / "trace_field_plugin.py"

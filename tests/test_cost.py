@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from attrib_bench.memory import PeakMemory, standalone_megabytes, tensor_megabytes
+from attrib_bench.runner.memory import PeakMemory, standalone_megabytes, tensor_megabytes
 
 SLEEP_PER_EXAMPLE = 0.1  # seconds
 ALLOCATED_MB = 64
@@ -230,7 +230,7 @@ def test_a_shared_intermediate_is_charged_to_every_method_that_reads_it(known_co
 
 
 def test_cost_columns_and_the_random_floor(tiny_bert, run_cli, tmp_path, monkeypatch):
-    from attrib_bench.plugins import load_registry
+    from attrib_bench.core.registry import load_registry
 
     monkeypatch.setenv("COLUMNS", "250")
     document, out = run(run_cli, tmp_path, "--model", tiny_bert, "--attributors", "attention")

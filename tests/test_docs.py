@@ -28,7 +28,7 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_every_builtin_attributor_is_documented():
-    from attrib_bench.plugins import load_registry
+    from attrib_bench.core.registry import load_registry
 
     documented = set(re.findall(r"^\| `([a-z-]+)` \|", README, flags=re.M))
     builtins = {

@@ -11,10 +11,10 @@ import torch
 from helpers import examples, one_batch
 
 from attrib_bench import Attribution, EvalContext, UsageError
-from attrib_bench.interfaces import Batch, Example
+from attrib_bench.core.interfaces import Batch, Example
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import Trace, trace_batch
-from attrib_bench.ranking import erasure_mask, ratio_k, top_k_mask
+from attrib_bench.toolkit.ranking import erasure_mask, ratio_k, top_k_mask
 from attrib_bench_plugins.faithfulness import (
     Comprehensiveness,
     Deletion,

@@ -6,7 +6,11 @@ import json
 
 import torch
 
-from attrib_bench.identifiability import IdentifiabilityConfig, identification_rate, train_map
+from attrib_bench.analyses.identifiability import (
+    IdentifiabilityConfig,
+    identification_rate,
+    train_map,
+)
 
 
 def test_identification_rate_counts_own_nearest_neighbours():

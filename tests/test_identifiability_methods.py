@@ -7,10 +7,10 @@ import pytest
 import torch
 from helpers import SENTENCES, examples, full_trace
 
+from attrib_bench.core.registry import load_registry
 from attrib_bench.model.load import load_model
-from attrib_bench.norm_decomposition import layer_inputs
-from attrib_bench.plugins import load_registry
-from attrib_bench.token_contributions import contributions
+from attrib_bench.toolkit.norm_decomposition import layer_inputs
+from attrib_bench.toolkit.token_contributions import contributions
 from attrib_bench_plugins.effective import column_space_projector, effective_attention
 
 LONG = " ".join(["a long sentence that needs more tokens than one head has dimensions"] * 3)

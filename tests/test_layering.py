@@ -146,3 +146,59 @@ def test_importing_the_package_imports_no_plugin_and_no_torch():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+#: The subpackages in the order data flows, each importing only those before it: the public
+#: types and plugin machinery, the shared math, data, models, results, the runner, rendering,
+#: the gate and pytest helpers, the analyses; then the Python API and the CLI on top.
+LAYERS = (
+    "core",
+    "toolkit",
+    "data",
+    "model",
+    "results",
+    "runner",
+    "reports",
+    "testing",
+    "analyses",
+    "api",
+    "cli",
+    "__main__",
+)
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def upward_imports(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Module -> the modules of a later layer it imports (the package root is exempt: it only
+    re-exports, lazily)."""
+    rank = {name: index for index, name in enumerate(LAYERS)}
+    return {
+        module: found
+        for module, imported in graph.items()
+        if layer_of(module) != "__init__"
+        and (
+            found := sorted(
+                other
+                for other in imported
+                if layer_of(other) != "__init__" and rank[layer_of(other)] > rank[layer_of(module)]
+            )
+        )
+    }
+
+
+def test_the_layer_checker_finds_an_upward_import():
+    graph = {
+        "attrib_bench.core.x": {"attrib_bench.runner.engine"},
+        "attrib_bench.runner.engine": set(),
+    }
+    assert upward_imports(graph) == {"attrib_bench.core.x": ["attrib_bench.runner.engine"]}
+
+
+def test_every_module_sits_in_a_layer_and_imports_only_those_below():
+    graph = import_graph()
+    assert {layer_of(module) for module in graph} - {"__init__"} == set(LAYERS)
+    assert upward_imports(graph) == {}

@@ -6,9 +6,14 @@ import pytest
 import torch
 from helpers import examples, full_trace
 
+from attrib_bench.core.registry import load_registry
 from attrib_bench.model.load import load_model
-from attrib_bench.norm_decomposition import decompose, layer_inputs, layer_norms, norm_family
-from attrib_bench.plugins import load_registry
+from attrib_bench.toolkit.norm_decomposition import (
+    decompose,
+    layer_inputs,
+    layer_norms,
+    norm_family,
+)
 from attrib_bench_plugins.norm import GLOBENC_EIGHT
 
 
@@ -57,7 +62,7 @@ def test_gram_form_equals_norms_of_the_explicit_vectors(loaded):
 
 def test_family_is_computed_once_per_batch(loaded, monkeypatch):
     calls = []
-    import attrib_bench.norm_decomposition as norm
+    import attrib_bench.toolkit.norm_decomposition as norm
 
     original = norm.layer_norms
     monkeypatch.setattr(norm, "layer_norms", lambda *a: calls.append(1) or original(*a))

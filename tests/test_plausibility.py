@@ -13,6 +13,8 @@ from conftest import SHARED_DATA
 from helpers import one_batch
 
 from attrib_bench import Attribution, EvalContext
+from attrib_bench.core.errors import UsageError
+from attrib_bench.core.interfaces import Example
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import load_examples
 from attrib_bench.data.rationales import (
@@ -20,8 +22,6 @@ from attrib_bench.data.rationales import (
     token_word_ids,
     word_scores,
 )
-from attrib_bench.errors import UsageError
-from attrib_bench.interfaces import Example
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
 from attrib_bench_plugins.plausibility import (

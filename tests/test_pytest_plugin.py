@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from attrib_bench.cache import NO_CACHE_ENV
+from attrib_bench.runner.cache import NO_CACHE_ENV
 
 pytest_plugins = ["pytester"]
 

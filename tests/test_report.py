@@ -15,10 +15,13 @@ import numpy as np
 import pytest
 from test_check import document as check_document
 
-from attrib_bench.cache import NO_CACHE_ENV
-from attrib_bench.errors import UsageError
-from attrib_bench.gate import load_results
-from attrib_bench.reports import layer_figure, read_attributions, render_html, render_markdown
+from attrib_bench.core.errors import UsageError
+from attrib_bench.reports.attributions import read_attributions
+from attrib_bench.reports.html import render_html
+from attrib_bench.reports.markdown import render_markdown
+from attrib_bench.reports.plots import layer_figure
+from attrib_bench.results.typed import load_results
+from attrib_bench.runner.cache import NO_CACHE_ENV
 
 CHROMIUM = next(
     (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)),

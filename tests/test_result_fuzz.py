@@ -17,9 +17,12 @@ from typing import Any
 import pytest
 from test_check import document
 
-from attrib_bench.errors import UsageError
-from attrib_bench.gate import compare, load_results
-from attrib_bench.reports import render_html, render_markdown
+from attrib_bench.core.errors import UsageError
+from attrib_bench.reports.gate import gate_markdown
+from attrib_bench.reports.html import render_html
+from attrib_bench.reports.markdown import render_markdown
+from attrib_bench.results.typed import load_results
+from attrib_bench.testing.gate import compare
 
 MUTANTS = 300
 #: Replacement values: each is the wrong type or an out-of-range value somewhere.
@@ -115,7 +118,7 @@ def answers(action, *args) -> None:
     try:
         result = action(*args)
         if hasattr(result, "markdown"):
-            result.markdown()
+            gate_markdown(result)
     except UsageError as error:
         message = str(error)
         assert message and "\n" not in message, message

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from attrib_bench.errors import UsageError
-from attrib_bench.gate import validate
+from attrib_bench.core.errors import UsageError
 from attrib_bench.results import Result, merge
+from attrib_bench.results.typed import validate
 
 TEXTS = [
     "a fine film",

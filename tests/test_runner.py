@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from attrib_bench.cache import NO_CACHE_ENV
+from attrib_bench.runner.cache import NO_CACHE_ENV
 
 BAD_PLUGINS = """
     import math
@@ -251,8 +251,8 @@ def test_attribute_writes_records_in_dataset_order(tiny_bert, padded_data, run_c
 
 def test_progress_moves_per_method_within_a_batch(tiny_bert, monkeypatch):
     """One batch of four and two methods: two steps of four, not one step at the batch's end."""
-    from attrib_bench import console
-    from attrib_bench.runner import MethodState, RunConfig, attribution_stream, prepare
+    from attrib_bench.core import console
+    from attrib_bench.runner.engine import MethodState, RunConfig, attribution_stream, prepare
 
     steps: list[int] = []
 
@@ -283,7 +283,7 @@ def test_progress_moves_per_method_within_a_batch(tiny_bert, monkeypatch):
 
 
 def test_shipped_configs_write_nothing_into_the_checkout():
-    from attrib_bench.config import read_config
+    from attrib_bench.runner.config import read_config
 
     configs = sorted((Path(__file__).parents[1] / "benchmarks").glob("*.toml"))
     assert configs
@@ -297,7 +297,7 @@ def test_a_crash_is_an_internal_error_not_a_regression(run_cli, tmp_path, monkey
 
     result = tmp_path / "r.json"
     result.write_text("{}")
-    monkeypatch.setattr("attrib_bench.gate.load_results", crash)
+    monkeypatch.setattr("attrib_bench.results.typed.load_results", crash)
     code, _, err = run_cli("check", result, "--baseline", result)
     assert code == 4
     assert "internal error: RuntimeError: boom (exit 4" in " ".join(err.split())

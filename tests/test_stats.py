@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from attrib_bench.stats import bootstrap_ci, spearman_rows, summarize
+from attrib_bench.results.stats import bootstrap_ci, spearman_rows, summarize
 
 
 def test_spearman_rows_equals_scipy_with_ties():
@@ -43,7 +43,7 @@ def test_bootstrap_is_seeded():
 
 def test_corpus_summary_with_the_mean_is_the_plain_summary():
     """Same bootstrap draws either way: a corpus statistic that is the mean changes nothing."""
-    from attrib_bench.stats import summarize_corpus
+    from attrib_bench.results.stats import summarize_corpus
 
     values = np.random.default_rng(3).normal(size=(40, 2))
     values[5, 1] = np.nan  # a row with an undefined part is left out whole

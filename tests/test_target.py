@@ -13,11 +13,11 @@ from test_faithfulness import toy_trace
 from test_gradient import from_embedding_output, pad_baseline
 
 from attrib_bench import UsageError
+from attrib_bench.core.target import DEFAULT_TARGET, Target, target_score
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import TRACE_FIELDS, trace_batch
-from attrib_bench.norm_decomposition import norm_family
-from attrib_bench.target import DEFAULT_TARGET, Target, target_score
-from attrib_bench.token_contributions import contributions
+from attrib_bench.toolkit.norm_decomposition import norm_family
+from attrib_bench.toolkit.token_contributions import contributions
 from attrib_bench_plugins.attention import Rollout
 from attrib_bench_plugins.faithfulness import Comprehensiveness, LogOdds
 from attrib_bench_plugins.gradient import Gradient, Saliency
@@ -250,7 +250,7 @@ def test_faithfulness_with_the_gold_score_reads_the_gold_class():
 def test_target_is_chosen_per_run_and_recorded_in_the_result(
     run_cli, tiny_bert, tmp_path, monkeypatch
 ):
-    from attrib_bench.gate import validate
+    from attrib_bench.results.typed import validate
 
     monkeypatch.delenv("ATTRIB_BENCH_NO_CACHE")  # the second run must not reuse the first's rows
 

@@ -12,9 +12,9 @@ from test_plugins import assert_one_line_error, write_module
 
 import attrib_bench
 from attrib_bench import TraceField, UsageError
+from attrib_bench.core.registry import BUILTIN_SOURCE, load_registry
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import TRACE_FIELDS, trace_batch
-from attrib_bench.plugins import BUILTIN_SOURCE, load_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELD_PLUGIN = ROOT / "tests" / "plugin_fixtures" / "trace_field_plugin.py"

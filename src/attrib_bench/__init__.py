@@ -19,21 +19,21 @@ _EXPORTS = {
     "check": "attrib_bench.api",
     "report": "attrib_bench.api",
     "load": "attrib_bench.api",
-    "ArchitectureSpec": "attrib_bench.model.architectures",
-    "Configurable": "attrib_bench.base",
-    "ExitCode": "attrib_bench.errors",
-    "UsageError": "attrib_bench.errors",
-    "hookimpl": "attrib_bench.hookspecs",
-    "KINDS": "attrib_bench.interfaces",
-    "Attribution": "attrib_bench.interfaces",
-    "Attributor": "attrib_bench.interfaces",
-    "Batch": "attrib_bench.interfaces",
-    "EvalContext": "attrib_bench.interfaces",
-    "Evaluator": "attrib_bench.interfaces",
-    "Example": "attrib_bench.interfaces",
-    "TRACE_FIELDS": "attrib_bench.model.trace",
+    "ArchitectureSpec": "attrib_bench.core.architecture_spec",
+    "Configurable": "attrib_bench.core.configurable",
+    "ExitCode": "attrib_bench.core.errors",
+    "UsageError": "attrib_bench.core.errors",
+    "hookimpl": "attrib_bench.core.hookspecs",
+    "KINDS": "attrib_bench.core.interfaces",
+    "Attribution": "attrib_bench.core.interfaces",
+    "Attributor": "attrib_bench.core.interfaces",
+    "Batch": "attrib_bench.core.interfaces",
+    "EvalContext": "attrib_bench.core.interfaces",
+    "Evaluator": "attrib_bench.core.interfaces",
+    "Example": "attrib_bench.core.interfaces",
+    "TRACE_FIELDS": "attrib_bench.core.trace_fields",
     "Trace": "attrib_bench.model.trace",
-    "TraceField": "attrib_bench.model.trace",
+    "TraceField": "attrib_bench.core.trace_fields",
 }
 
 __all__ = [
@@ -61,10 +61,11 @@ __all__ = [
 
 if TYPE_CHECKING:
     from attrib_bench.api import check, load, report, run
-    from attrib_bench.base import Configurable
-    from attrib_bench.errors import ExitCode, UsageError
-    from attrib_bench.hookspecs import hookimpl
-    from attrib_bench.interfaces import (
+    from attrib_bench.core.architecture_spec import ArchitectureSpec
+    from attrib_bench.core.configurable import Configurable
+    from attrib_bench.core.errors import ExitCode, UsageError
+    from attrib_bench.core.hookspecs import hookimpl
+    from attrib_bench.core.interfaces import (
         KINDS,
         Attribution,
         Attributor,
@@ -73,8 +74,8 @@ if TYPE_CHECKING:
         Evaluator,
         Example,
     )
-    from attrib_bench.model.architectures import ArchitectureSpec
-    from attrib_bench.model.trace import TRACE_FIELDS, Trace, TraceField
+    from attrib_bench.core.trace_fields import TRACE_FIELDS, TraceField
+    from attrib_bench.model.trace import Trace
 
 
 def __getattr__(name: str) -> Any:

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
-    from attrib_bench.config import RunPlan
-    from attrib_bench.gate import Comparison
     from attrib_bench.results.typed import Result
+    from attrib_bench.runner.config import RunPlan
+    from attrib_bench.testing.gate import Comparison
 
 #: A result given as a ``Result``, its document or the path of its JSON file.
 Results = Union["Result", Mapping[str, Any], Path, str]
@@ -35,7 +35,7 @@ def run(
     ``cache=False``). The result is written to ``output`` (or the file's ``output``) when one is
     given.
     """
-    from attrib_bench.config import make_plan
+    from attrib_bench.runner.config import make_plan
 
     if output is not None:
         settings["output"] = Path(output)
@@ -45,9 +45,9 @@ def run(
 def run_plan(plan: RunPlan, quiet: bool = True) -> dict[str, Any]:
     """Run a resolved plan (a config merged with overrides): fine-tune if it says so, run,
     and write the result where the plan says."""
-    from attrib_bench.config import build_model
     from attrib_bench.results import write_json
-    from attrib_bench.runner import run_benchmark
+    from attrib_bench.runner.config import build_model
+    from attrib_bench.runner.engine import run_benchmark
 
     plan = build_model(plan, quiet=quiet)
     document = run_benchmark(plan.config, quiet=quiet, cache=plan.cache)
@@ -60,7 +60,7 @@ def run_plan(plan: RunPlan, quiet: bool = True) -> dict[str, Any]:
 def load(results: Results) -> Result:
     """A result as a typed ``attrib_bench.results.Result``: from the path of its JSON file or a
     document (validated first), or a ``Result`` as is."""
-    from attrib_bench.gate import as_result
+    from attrib_bench.results.typed import as_result
 
     return as_result(results)
 
@@ -74,8 +74,8 @@ def check(
     seed: int = 0,
 ) -> Comparison:
     """Compare a result with a baseline (the CI gate): ``.passed``, ``.exit_code``, ``.rows``
-    and ``.markdown()`` say what changed."""
-    from attrib_bench.gate import DEFAULT_TOLERANCE, compare
+    and ``attrib_bench.reports.gate_markdown`` say what changed."""
+    from attrib_bench.testing.gate import DEFAULT_TOLERANCE, compare
 
     return compare(
         load(results),
@@ -97,8 +97,10 @@ def report(
     """The Markdown report of a result; also written to ``markdown`` and, as a self-contained
     HTML page, to ``html`` when given. Token heatmaps come from ``attributions`` (a JSONL file
     of ``attrib-bench attribute``) or the run's cache."""
-    from attrib_bench.errors import UsageError
-    from attrib_bench.reports import read_attributions, render_html, render_markdown
+    from attrib_bench.core.errors import UsageError
+    from attrib_bench.reports.attributions import read_attributions
+    from attrib_bench.reports.html import render_html
+    from attrib_bench.reports.markdown import render_markdown
 
     if examples < 0:
         raise UsageError(f"examples must be at least 0, got {examples}")

@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from attrib_bench import __version__
-from attrib_bench.console import stderr
-from attrib_bench.errors import ExitCode, UsageError
+from attrib_bench.core.console import stderr
+from attrib_bench.core.errors import ExitCode, UsageError
 
 
 def _csv(value: str) -> list[str]:
@@ -189,7 +189,7 @@ def _parameters_text(parameters: dict[str, dict]) -> str:
 def _list(args: argparse.Namespace, out: Console) -> int:
     from rich.table import Table
 
-    from attrib_bench.plugins import load_registry
+    from attrib_bench.core.registry import load_registry
 
     registry = load_registry(args.plugin)
     listing = {
@@ -235,17 +235,17 @@ def _list(args: argparse.Namespace, out: Console) -> int:
 
 def _run_config(args: argparse.Namespace):
     """The flags given (and ``--config``, for run) as a RunConfig; RunConfig fills the rest."""
-    from attrib_bench.config import plan_run
+    from attrib_bench.runner.config import plan_run
 
     return plan_run(args).config
 
 
 def _run(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.api import run_plan
-    from attrib_bench.cache import hits_line
-    from attrib_bench.config import plan_run
-    from attrib_bench.reports import leaderboard
+    from attrib_bench.reports.leaderboard import leaderboard
     from attrib_bench.results import exit_status
+    from attrib_bench.runner.cache import hits_line
+    from attrib_bench.runner.config import plan_run
 
     plan = plan_run(args)
     document = run_plan(plan, quiet=args.quiet)
@@ -263,7 +263,8 @@ def _run(args: argparse.Namespace, out: Console) -> int:
 
 def _check(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.api import check
-    from attrib_bench.gate import write_step_summary
+    from attrib_bench.reports.gate import gate_markdown
+    from attrib_bench.testing.gate import write_step_summary
 
     comparison = check(
         args.results,
@@ -272,7 +273,7 @@ def _check(args: argparse.Namespace, out: Console) -> int:
         all_layers=args.all_layers,
         seed=args.seed,
     )
-    text = comparison.markdown(str(args.results), str(args.baseline))
+    text = gate_markdown(comparison, str(args.results), str(args.baseline))
     out.out(text, highlight=False, end="")
     summary = write_step_summary(text)
     if summary is not None:
@@ -304,7 +305,7 @@ def _report(args: argparse.Namespace, out: Console) -> int:
 
 
 def _cache(args: argparse.Namespace, out: Console) -> int:
-    from attrib_bench.cache import clear, results_root
+    from attrib_bench.runner.cache import clear, results_root
 
     entries, size = clear(include_models=args.all)
     what = "results and fine-tuned models" if args.all else "results"
@@ -317,7 +318,7 @@ def _cache(args: argparse.Namespace, out: Console) -> int:
 
 
 def _attribute(args: argparse.Namespace, out: Console) -> int:
-    from attrib_bench.attribute import write_attributions
+    from attrib_bench.runner.attribute import write_attributions
 
     complete = write_attributions(_run_config(args), args.output, quiet=args.quiet)
     stderr.print(f"attributions written to {args.output}")
@@ -355,13 +356,13 @@ def _finetune(args: argparse.Namespace, out: Console) -> int:
 
 
 def _identifiability(args: argparse.Namespace, out: Console) -> int:
-    from attrib_bench.identifiability import (
+    from attrib_bench.analyses.identifiability import (
         LEARNING_RATES,
         IdentifiabilityConfig,
         run_identifiability,
         table,
     )
-    from attrib_bench.runner import resolve_model
+    from attrib_bench.runner.engine import resolve_model
 
     model = args.model or resolve_model(None, args.device).model_id
     config = IdentifiabilityConfig(

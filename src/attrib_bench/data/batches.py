@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from attrib_bench.core.interfaces import Batch, Example
 from attrib_bench.data.rationales import token_word_ids
-from attrib_bench.interfaces import Batch, Example
 
 
 def _encode(tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example], **kwargs):

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import datasets
 
+from attrib_bench.core.errors import UsageError, unknown_choice
+from attrib_bench.core.interfaces import Example
 from attrib_bench.data.default import DEFAULT_SEED, DEFAULT_SIZE, generate_default_dataset
 from attrib_bench.data.rationales import is_eraser_folder, load_eraser
-from attrib_bench.errors import UsageError, unknown_choice
-from attrib_bench.interfaces import Example
 
 DEFAULT_DATASET = "default"
 #: Local file types and the ``datasets`` builder (with its options) that reads each.

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attrib_bench.errors import UsageError, unknown_choice
-from attrib_bench.interfaces import Batch, Example
+from attrib_bench.core.errors import UsageError, unknown_choice
+from attrib_bench.core.interfaces import Batch, Example
 
 ERASER_SPLITS = ("train", "val", "test")
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from attrib_bench import console
+from attrib_bench.core import console
+from attrib_bench.core.errors import UsageError
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import DEFAULT_DATASET, LoadedData, load_examples
-from attrib_bench.errors import UsageError
 from attrib_bench.model.load import LoadedModel, load_model
 
 CACHE_ENV = "ATTRIB_BENCH_CACHE"

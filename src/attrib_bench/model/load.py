@@ -17,15 +17,15 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from attrib_bench.console import warn
-from attrib_bench.errors import UsageError
+from attrib_bench.core.console import warn
+from attrib_bench.core.errors import UsageError
+from attrib_bench.core.registry import load_registry
 from attrib_bench.model.architectures import (
     ArchitectureSpec,
     EncoderAdapter,
     adapter_for,
     unmet_needs,
 )
-from attrib_bench.plugins import load_registry
 
 
 @dataclass

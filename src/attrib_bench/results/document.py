@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from attrib_bench.interfaces import KINDS
-from attrib_bench.stats import summarize, summarize_corpus
+from attrib_bench.core.interfaces import KINDS
+from attrib_bench.results.stats import summarize, summarize_corpus
 
 if TYPE_CHECKING:
-    from attrib_bench.runner import MethodState, Prepared, RunConfig
+    from attrib_bench.runner.engine import MethodState, Prepared, RunConfig
 
 SCHEMA_VERSION = 1
-SCHEMA_PATH = Path(__file__).parents[1] / "schema" / "results.schema.json"
+SCHEMA_PATH = Path(__file__).parent / "schema" / "results.schema.json"
 PACKAGES = ("attrib-bench", "torch", "transformers", "captum", "datasets", "pluggy", "scipy")
 
 

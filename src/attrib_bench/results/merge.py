@@ -1,7 +1,7 @@
 """One result from runs over disjoint examples: what a sharded run puts back together.
 
 Per-example scores are concatenated in the order the parts are given, and every summary is
-recomputed from them with the run's own statistics (``attrib_bench.stats.summarize``, same
+recomputed from them with the run's own statistics (``attrib_bench.results.stats.summarize``, same
 seed), so merging the runs over two halves of a dataset gives the result of one run over the
 whole (tested). What cannot be recomputed from a result file is refused, not approximated.
 """
@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from attrib_bench.errors import UsageError
+from attrib_bench.core.errors import UsageError
+from attrib_bench.results.stats import summarize
 from attrib_bench.results.typed import LayerScore, MethodResult, Result
-from attrib_bench.stats import summarize
 
 #: Config keys that may differ between the parts (they choose the examples or the hardware).
 PER_PART_CONFIG = frozenset({"dataset", "split", "limit", "batch_size", "device"})

@@ -3,7 +3,7 @@ provenance and cost, read from and written to the JSON schema (``schema/results.
 
 ``Result.from_document`` takes a document as ``attrib-bench run --output`` writes it, checked
 first by ``validate`` (the one checker of the raw JSON: ``load_results`` and ``Result.load`` run
-it, and so does ``attrib_bench.gate.as_result`` for a document built in memory);
+it, and so does ``as_result`` for a document built in memory);
 ``to_document`` gives it back unchanged, so the JSON file stays the one format. NaN stands for
 undefined in memory and null in the file. The gate, the reports and the pytest helpers read a
 ``Result``.
@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from attrib_bench.errors import UsageError
+from attrib_bench.core.errors import UsageError
 
 #: The top-level keys of the result schema (``schema/results.schema.json``) that must be there.
 REQUIRED = ("created", "config", "provenance", "reference", "evaluators", "methods")
@@ -456,3 +456,28 @@ class Schema:
             if kind not in KINDS:
                 self.fail(where, "keyed by 'aggregated' or 'local'", kind)
         return [(kind, self.array(layers, f"{where}.{kind}")) for kind, layers in kinds.items()]
+
+
+#: A result as a ``Result``, a validated document (``load_results``) or its file's path.
+Results = Result | Mapping[str, Any] | Path | str
+
+
+def as_result(value: Results, name: str = "results") -> Result:
+    """A ``Result`` as is; a path loaded (``load_results``); a document validated then converted.
+
+    ``name`` stands for a document built in memory in error messages (one read from a file is
+    named by its path). The one conversion the gate, the reports and the pytest helpers use.
+    """
+    if isinstance(value, Result):
+        return value
+    if isinstance(value, (str, Path)):
+        return Result.from_document(load_results(value))
+    validate(value, source_name(value, name))
+    return Result.from_document(value)
+
+
+def source_name(document: Any, fallback: str) -> str:
+    """The file a result came from, for error messages; ``fallback`` for one built in memory."""
+    if isinstance(document, Result):
+        return document.source or fallback
+    return getattr(document, "path", fallback)

@@ -26,13 +26,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from attrib_bench.core.architecture_spec import needs_problem
+from attrib_bench.core.interfaces import KINDS, Attribution, Batch, EvalContext, Example
+from attrib_bench.core.registry import load_registry
+from attrib_bench.core.trace_fields import TRACE_FIELDS, TraceField
 from attrib_bench.data.batches import make_batches
-from attrib_bench.interfaces import KINDS, Attribution, Batch, EvalContext, Example
-from attrib_bench.model.architectures import needs_problem
 from attrib_bench.model.load import LoadedModel, load_model
-from attrib_bench.model.trace import TRACE_FIELDS, Trace, TraceField, trace_batch
-from attrib_bench.plugins import load_registry
-from attrib_bench.runner import check_scores
+from attrib_bench.model.trace import Trace, trace_batch
+from attrib_bench.runner.engine import check_scores
 
 FAMILIES = ("bert", "roberta")
 

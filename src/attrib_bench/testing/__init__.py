@@ -11,10 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attrib_bench.gate import DEFAULT_TOLERANCE, Comparison, Results, as_result, compare
+from attrib_bench.reports.gate import gate_markdown
+from attrib_bench.results.typed import Results, as_result
+from attrib_bench.testing.gate import DEFAULT_TOLERANCE, Comparison, compare
 
 if TYPE_CHECKING:
-    from attrib_bench.conformance import ConformanceError, check_attributor, check_evaluator
+    from attrib_bench.testing.conformance import ConformanceError, check_attributor, check_evaluator
 
 __all__ = [
     "ConformanceError",
@@ -26,14 +28,14 @@ __all__ = [
     "run_config",
 ]
 
-#: Names this module re-exports from attrib_bench.conformance.
+#: Names this module re-exports from attrib_bench.testing.conformance.
 _CONFORMANCE = ("ConformanceError", "check_attributor", "check_evaluator")
 
 
 def __getattr__(name: str) -> Any:
     if name not in _CONFORMANCE:
         raise AttributeError(f"module 'attrib_bench.testing' has no attribute {name!r}")
-    from attrib_bench import conformance
+    from attrib_bench.testing import conformance
 
     return getattr(conformance, name)
 
@@ -44,8 +46,8 @@ def run_config(path: Path | str, quiet: bool = True, **overrides: Any) -> dict[s
     ``overrides`` are settings as in the file (``limit=20``, ``attributors=[...]``,
     ``cache=False``); the cache is used unless the file or an override turns it off.
     """
-    from attrib_bench.config import build_model, make_plan
-    from attrib_bench.runner import run_benchmark
+    from attrib_bench.runner.config import build_model, make_plan
+    from attrib_bench.runner.engine import run_benchmark
 
     plan = build_model(make_plan(path, overrides), quiet=quiet)
     document = run_benchmark(plan.config, quiet=quiet, cache=plan.cache)
@@ -59,7 +61,7 @@ def assert_no_regression(
     tolerance: float = DEFAULT_TOLERANCE,
     all_layers: bool = False,
 ) -> Comparison:
-    """Fail with the check's Markdown summary when any score regressed (see attrib_bench.gate).
+    """Fail with the check's Markdown summary when any score regressed (attrib_bench.testing.gate).
 
     ``results`` and ``baseline`` are ``Result`` objects, documents or paths (``as_result``).
     Returns the comparison when the gate passes, for further assertions.
@@ -73,6 +75,6 @@ def assert_no_regression(
     if not comparison.passed:
         name = str(baseline) if isinstance(baseline, (str, Path)) else "baseline"
         raise AssertionError(
-            "attribution quality regressed\n\n" + comparison.markdown("results", name)
+            "attribution quality regressed\n\n" + gate_markdown(comparison, "results", name)
         )
     return comparison

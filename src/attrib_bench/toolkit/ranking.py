@@ -15,7 +15,7 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-    from attrib_bench.interfaces import Attribution
+    from attrib_bench.core.interfaces import Attribution
 
 
 def scored_row(attribution: Attribution, layer: int) -> torch.Tensor:

@@ -18,12 +18,12 @@ from typing import Any
 
 import pluggy
 
-from attrib_bench import hookspecs
-from attrib_bench.console import warn
-from attrib_bench.errors import UsageError, unknown_choice
-from attrib_bench.interfaces import Attributor, Evaluator
-from attrib_bench.model.architectures import ArchitectureSpec, needs_problem
-from attrib_bench.model.trace import BUILTIN_FIELDS, TraceField
+from attrib_bench.core import hookspecs
+from attrib_bench.core.architecture_spec import ArchitectureSpec, needs_problem
+from attrib_bench.core.console import warn
+from attrib_bench.core.errors import UsageError, unknown_choice
+from attrib_bench.core.interfaces import Attributor, Evaluator
+from attrib_bench.core.trace_fields import BUILTIN_FIELDS, TraceField
 
 ENTRY_POINT_GROUP = "attrib_bench"
 #: The source the registry names for the built-in trace fields (captured by the core).

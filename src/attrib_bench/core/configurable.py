@@ -6,7 +6,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from attrib_bench.errors import UsageError
+from attrib_bench.core.errors import UsageError
 
 
 def parse_value(raw: str, default: Any) -> Any:

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from attrib_bench.errors import UsageError
-from attrib_bench.runner import RunConfig
+from attrib_bench.core.errors import UsageError
+from attrib_bench.runner.engine import RunConfig
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -23,26 +23,20 @@ config keys, and a different model or dataset are reported, and do not decide th
 
 from __future__ import annotations
 
-import json
 import math
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from attrib_bench.errors import ExitCode, UsageError
-from attrib_bench.results.typed import Result, load_results, validate
-from attrib_bench.results.typed import ResultDocument as ResultDocument
-from attrib_bench.results.typed import Schema as Schema
+from attrib_bench.core.errors import ExitCode, UsageError
+from attrib_bench.results.typed import Result, Results, as_result, source_name
 
 DEFAULT_TOLERANCE = 0.02
 RESAMPLES = 2000
 SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
-#: Config keys that never change a number (the summary still lists them, marked as such).
-HARMLESS_CONFIG = frozenset({"batch_size", "device"})
 
 
 @dataclass
@@ -116,34 +110,6 @@ class Comparison:
     @property
     def exit_code(self) -> ExitCode:
         return ExitCode.OK if self.passed else ExitCode.REGRESSION
-
-    def markdown(self, current_name: str = "results", baseline_name: str = "baseline") -> str:
-        return _markdown(self, current_name, baseline_name)
-
-
-#: A result as a ``Result``, a validated document (``load_results``) or its file's path.
-Results = Result | Mapping[str, Any] | Path | str
-
-
-def as_result(value: Results, name: str = "results") -> Result:
-    """A ``Result`` as is; a path loaded (``load_results``); a document validated then converted.
-
-    ``name`` stands for a document built in memory in error messages (one read from a file is
-    named by its path). The one conversion the gate, the reports and the pytest helpers use.
-    """
-    if isinstance(value, Result):
-        return value
-    if isinstance(value, (str, Path)):
-        return Result.from_document(load_results(value))
-    validate(value, _source(value, name))
-    return Result.from_document(value)
-
-
-def _source(document: Any, fallback: str) -> str:
-    """The file a result came from, for error messages; ``fallback`` for one built in memory."""
-    if isinstance(document, Result):
-        return document.source or fallback
-    return getattr(document, "path", fallback)
 
 
 def _per_example(result: Result, name: str) -> list[str]:
@@ -286,8 +252,8 @@ def compare(
     if tolerance < 0 or math.isnan(tolerance):
         raise UsageError(f"--tolerance must be a number >= 0, got {tolerance}")
     current, baseline = as_result(current, "results"), as_result(baseline, "baseline")
-    _per_example(current, _source(current, "results"))
-    _per_example(baseline, _source(baseline, "baseline"))
+    _per_example(current, source_name(current, "results"))
+    _per_example(baseline, source_name(baseline, "baseline"))
     comparison = Comparison(tolerance=tolerance)
     comparison.warnings = _provenance_warnings(current, baseline)
     config_now, config_before = current.config, baseline.config
@@ -350,113 +316,6 @@ def compare(
             + ")"
         )
     return comparison
-
-
-def _number(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{value:+.3f}"
-
-
-def _ci(ci: tuple[float, float]) -> str:
-    if any(math.isnan(v) for v in ci):
-        return "n/a"
-    return f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
-
-
-def _share(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{value:.0%}"
-
-
-def _undefined(row: Delta) -> str:
-    before, now = (_share(value) for value in row.undefined)
-    return before if before == now else f"{before} → {now}"
-
-
-def _verdict(row: Delta, tolerance: float) -> str:
-    problems = []
-    if row.missing:
-        problems.append(f"❌ {row.missing} baseline example(s) missing")
-    if row.undefined_rose:
-        problems.append(f"❌ undefined {_undefined(row)}")
-    if row.n == 0:
-        problems.append("❌ no example scored in both")
-    if row.fell:
-        problems.append("❌ regression")
-    if problems:
-        return "; ".join(problems)
-    sign = 1.0 if row.higher_is_better else -1.0
-    if sign * row.delta < -tolerance:
-        return "⚠️ worse, within noise"
-    if sign * row.delta > tolerance and row.improved:
-        return "✅ improved"
-    return "✅ ok"
-
-
-def _value(value: Any) -> str:
-    return f"`{json.dumps(value)}`"
-
-
-def _markdown(comparison: Comparison, current_name: str, baseline_name: str) -> str:
-    regressions = len(comparison.regressions) + len(comparison.failed)
-    regressions += len(comparison.failed_evaluators)
-    if comparison.passed:
-        title = "## ✅ attrib-bench check: no regression"
-    else:
-        title = f"## ❌ attrib-bench check: {regressions} regression(s)"
-    lines = [title, ""]
-    for warning in comparison.warnings:
-        lines += [f"> [!WARNING]\n> **{warning}**", ""]
-    lines += [
-        f"`{current_name}` against `{baseline_name}`. A score regresses when it fell by more "
-        f"than the tolerance ({comparison.tolerance:g}) **and** the 95% paired-bootstrap CI of "
-        "the change lies below zero (↓ marks evaluators where lower is better: a rise regresses). "
-        "So does a rise by more than the tolerance in the share of examples whose score is "
-        "undefined, any baseline example missing from the results, and a score with no example "
-        "defined in both. n: examples scored in both.",
-        "",
-        "| method | evaluator | rows | layer | baseline | current | Δ | 95% CI of Δ | n "
-        "| undefined | |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    ordered = sorted(
-        comparison.rows,
-        key=lambda r: (not r.regression, -math.inf if math.isnan(r.delta) else r.delta),
-    )
-    for row in ordered:
-        lines.append(
-            f"| `{row.method}` | {row.evaluator}{'' if row.higher_is_better else ' ↓'} | "
-            f"{row.kind} | {row.layer} | "
-            f"{_number(row.baseline)} | {_number(row.current)} | **{_number(row.delta)}** | "
-            f"{_ci(row.ci)} | {row.n} | {_undefined(row)} | {_verdict(row, comparison.tolerance)} |"
-        )
-    lines.append("")
-    if comparison.failed:
-        lines.append("**Failed now** (ok in the baseline):")
-        lines += [f"- ❌ `{spec}`: {error}" for spec, error in comparison.failed.items()]
-        lines.append("")
-    if comparison.failed_evaluators:
-        lines.append("**Evaluators failed now** (ok in the baseline):")
-        lines += [f"- ❌ `{name}`: {e}" for name, e in comparison.failed_evaluators.items()]
-        lines.append("")
-    if comparison.removed:
-        lines.append(
-            "**Removed** (in the baseline, not in the results): "
-            + ", ".join(f"`{spec}`" for spec in comparison.removed)
-        )
-        lines.append("")
-    if comparison.added:
-        lines.append(
-            "**Added** (no baseline yet): " + ", ".join(f"`{s}`" for s in comparison.added)
-        )
-        lines.append("")
-    if comparison.notes:
-        lines += [f"- {note}" for note in comparison.notes] + [""]
-    if comparison.config_changes:
-        lines.append("**Config changes** (baseline → results):")
-        for key, before, now in comparison.config_changes:
-            harmless = " (does not change the numbers)" if key in HARMLESS_CONFIG else ""
-            lines.append(f"- `{key}`: {_value(before)} → {_value(now)}{harmless}")
-        lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
 
 
 def write_step_summary(text: str) -> Path | None:

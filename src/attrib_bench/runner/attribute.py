@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from attrib_bench.runner import (
+from attrib_bench.runner.engine import (
     MethodState,
     Prepared,
     RunConfig,

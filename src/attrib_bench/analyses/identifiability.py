@@ -23,13 +23,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from attrib_bench import console
+from attrib_bench.core import console
+from attrib_bench.core.errors import UsageError
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import load_examples
-from attrib_bench.errors import UsageError
 from attrib_bench.model.load import LoadedModel, load_model
 from attrib_bench.model.trace import trace_batch
-from attrib_bench.token_contributions import contributions
+from attrib_bench.toolkit.token_contributions import contributions
 
 LEARNING_RATES = (3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5, 3e-6)
 MAPS = ("linear-l2", "linear-cosine", "mlp-l2", "mlp-cosine")

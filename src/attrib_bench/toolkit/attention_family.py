@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attrib_bench.aggregation import fixed_residual, layerwise_attribution
-from attrib_bench.base import Configurable
-from attrib_bench.errors import UsageError
-from attrib_bench.interfaces import Attribution
+from attrib_bench.core.configurable import Configurable
+from attrib_bench.core.errors import UsageError
+from attrib_bench.core.interfaces import Attribution
+from attrib_bench.toolkit.aggregation import fixed_residual, layerwise_attribution
 
 if TYPE_CHECKING:
     from attrib_bench.model.trace import Trace

@@ -2,7 +2,7 @@
 
 Conventions follow ../shared/specs/attention-family.md: R^1 = M^1, R^l = M^l @ R^(l-1) (the later
 layer multiplies on the left); the attribution of the target token at layer l is its row of R^l
-(row 0, the classification token, unless the run's target says otherwise: attrib_bench.target).
+(row 0, the classification token, unless the run's target says otherwise: attrib_bench.core.target).
 Padded rows and columns are zeroed so that padding never leaks into real rows.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from attrib_bench.interfaces import Attribution
+from attrib_bench.core.interfaces import Attribution
 
 
 def pair_mask(mask_BN: torch.Tensor) -> torch.Tensor:

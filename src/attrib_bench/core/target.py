@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attrib_bench.errors import UsageError
+from attrib_bench.core.errors import UsageError
 
 POSITIONS = ("first", "last")
 SCORES = ("predicted", "gold", "contrastive")

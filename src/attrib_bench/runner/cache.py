@@ -38,13 +38,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from attrib_bench import console
-from attrib_bench.interfaces import KINDS, Attribution, Batch
+from attrib_bench.core import console
+from attrib_bench.core.interfaces import KINDS, Attribution, Batch
+from attrib_bench.core.registry import Spec
 from attrib_bench.model.finetune import cache_root
-from attrib_bench.plugins import Spec
 
 if TYPE_CHECKING:
-    from attrib_bench.runner import MethodState, Prepared
+    from attrib_bench.runner.engine import MethodState, Prepared
 
 #: Bump when the entry layout or the meaning of a key changes.
 FORMAT = 1
@@ -162,7 +162,7 @@ def run_identity(prepared: Prepared, seed: int) -> dict[str, Any]:
         "target": str(prepared.target),
         "device": loaded.device.type,
         "packages": {name: _version(name) for name in KEY_PACKAGES},
-        "core": source_digest("attrib_bench.runner", exclude=PRESENTATION_MODULES),
+        "core": source_digest("attrib_bench.runner.engine", exclude=PRESENTATION_MODULES),
     }
 
 

@@ -15,19 +15,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from attrib_bench import console
+from attrib_bench.core import console
+from attrib_bench.core.architecture_spec import ArchitectureSpec
+from attrib_bench.core.errors import UsageError, unknown_choice
+from attrib_bench.core.interfaces import KINDS, Attribution, Batch, EvalContext
+from attrib_bench.core.registry import Registry, Spec, load_registry
+from attrib_bench.core.target import DEFAULT_TARGET, Target
 from attrib_bench.data.batches import contentless_ids, make_batches
 from attrib_bench.data.load import LoadedData, load_examples
 from attrib_bench.data.rationales import rationale_words_lost
-from attrib_bench.errors import UsageError, unknown_choice
-from attrib_bench.interfaces import KINDS, Attribution, Batch, EvalContext
-from attrib_bench.memory import PeakMemory, standalone_megabytes
-from attrib_bench.model.architectures import ArchitectureSpec
 from attrib_bench.model.load import LoadedModel, load_model
 from attrib_bench.model.trace import Trace, trace_batch
-from attrib_bench.plugins import Registry, Spec, load_registry
 from attrib_bench.results import build_result
-from attrib_bench.target import DEFAULT_TARGET, Target
+from attrib_bench.runner.memory import PeakMemory, standalone_megabytes
 
 DEFAULT_REFERENCE = "saliency"
 #: The attributor every leaderboard carries as its floor (added when not selected).
@@ -53,7 +53,7 @@ class RunConfig:
     batch_size: int = 16
     device: str = "auto"
     plugins: list[str] = field(default_factory=list)
-    #: The attribution target (attrib_bench.target): which token's row, which score.
+    #: The attribution target (attrib_bench.core.target): which token's row, which score.
     target: str = str(DEFAULT_TARGET)
 
     def to_dict(self) -> dict[str, Any]:
@@ -68,7 +68,7 @@ class MethodState:
     attributor: Any
     seconds: float = 0.0
     examples: int = 0
-    #: Largest standalone memory of one batch (see attrib_bench.memory.standalone_megabytes).
+    #: Largest standalone memory of one batch (see attrib_bench.runner.memory.standalone_megabytes).
     peak_memory_mb: float = 0.0
     #: The standalone memory of the last batch computed: what that batch's cache entries record.
     batch_memory_mb: float = 0.0
@@ -181,7 +181,7 @@ def attribution_stream(
 
     Each method is charged its standalone cost: the shared forward pass, its own time, and
     every shared intermediate it read (whichever method computed it first); its peak memory is
-    counted the same way (attrib_bench.memory.standalone_megabytes). ``skip(batch)`` names
+    counted the same way (attrib_bench.runner.memory.standalone_megabytes). ``skip(batch)`` names
     methods whose results for the batch are known already (the cache, which fills them in):
     they do not run, and a batch with nothing left to run is not traced at all. Every
     attribution is checked against its batch (``Attribution.problem``) before it is yielded.
@@ -322,11 +322,11 @@ def run_benchmark(config: RunConfig, quiet: bool = False, cache: bool = True) ->
     """Run every selected attributor and evaluator; return the result document (see results).
 
     With ``cache`` (and no ``ATTRIB_BENCH_NO_CACHE=1``), per-example results found on disk are
-    reused and new ones written after each batch (attrib_bench.cache). Examples every method
+    reused and new ones written after each batch (attrib_bench.runner.cache). Examples every method
     has cached are not batched at all; the rest are re-batched, so a larger ``--limit`` reuses
     the examples a smaller one computed.
     """
-    from attrib_bench import cache as result_cache
+    from attrib_bench.runner import cache as result_cache
 
     torch.manual_seed(config.seed)
     prepared = prepare(config, quiet)

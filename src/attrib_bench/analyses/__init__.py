@@ -1,0 +1,2 @@
+"""Analyses beyond the leaderboard: token identifiability and hidden-token attribution (Brunner
+et al. 2020)."""

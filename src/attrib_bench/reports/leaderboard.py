@@ -1,0 +1,183 @@
+"""The leaderboard: methods ranked per evaluator, as rows of data and as the terminal table
+``run`` prints; the HTML and Markdown reports rank the same way."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from attrib_bench.results.typed import LayerScore, MethodResult, Result, Results, as_result
+
+
+def finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not math.isnan(value)
+
+
+def signed(value: Any) -> str:
+    return f"{value:+.3f}" if finite(value) else "-"
+
+
+def ok_evaluators(document: Results) -> list[str]:
+    result = as_result(document)
+    return [name for name, e in result.evaluators.items() if e["status"] == "ok"]
+
+
+def _sign(result: Result, evaluator: str) -> float:
+    """+1 where higher scores are better (the default), -1 where lower are."""
+    info = result.evaluator_info.get(evaluator, {})
+    return 1.0 if info.get("higher_is_better", True) else -1.0
+
+
+def heading(document: Results, evaluator: str, kind: str | None = None) -> str:
+    """``spearman vs saliency (aggregated rows)``, with the direction when lower is better."""
+    result = as_result(document)
+    info = result.evaluator_info.get(evaluator, {})
+    versus = f" vs {result.reference}" if info.get("needs_reference", True) else ""
+    notes = [f"{kind} rows"] if kind else []
+    if _sign(result, evaluator) < 0:
+        notes.append("lower is better")
+    return f"{evaluator}{versus}" + (f" ({', '.join(notes)})" if notes else "")
+
+
+def layer_scores(method: MethodResult, evaluator: str, kind: str) -> list[LayerScore] | None:
+    return method.scores.get(evaluator, {}).get(kind)
+
+
+def _goodness(method: MethodResult, evaluator: str, kind: str, sign: float) -> float:
+    layers = layer_scores(method, evaluator, kind)
+    mean = layers[-1].mean if layers else None
+    return sign * mean if finite(mean) else -math.inf
+
+
+def ranked(document: Results, evaluator: str, kind: str = "aggregated") -> list[str]:
+    """Method specs best first by last-layer score; failed methods last."""
+    result = as_result(document)
+    methods, sign = result.methods, _sign(result, evaluator)
+    return sorted(methods, key=lambda spec: -_goodness(methods[spec], evaluator, kind, sign))
+
+
+def leaderboard_rows(document: Results, evaluator: str, kind: str) -> list[dict]:
+    """The terminal leaderboard's columns as data: best (layer), last, CI, n, cost, status."""
+    result = as_result(document)
+    rows = []
+    for spec in ranked(result, evaluator, kind):
+        method = result.methods[spec]
+        layers = layer_scores(method, evaluator, kind)
+        if method.status == "ok" and not layers:
+            continue
+        row = {"spec": spec, "status": method.status, "error": method.error}
+        if layers:
+            scored = [x for x in layers if finite(x.mean)]
+            sign = _sign(result, evaluator)
+            best = max(scored, key=lambda x: sign * x.mean) if scored else None
+            last = layers[-1]
+            row["best"] = signed(best.mean if best else None) + (
+                f" ({best.layer})" if best and len(layers) > 1 else ""
+            )
+            row["last"] = signed(last.mean)
+            low, high = last.ci95
+            row["ci"] = f"[{low:+.2f}, {high:+.2f}]" if finite(low) and finite(high) else "-"
+            row["n"] = str(last.n)
+        seconds = method.seconds_per_example
+        row["seconds"] = f"{seconds:.4f}" if finite(seconds) else "-"
+        memory = method.peak_memory_mb
+        row["memory"] = f"{memory:.1f}" if finite(memory) else "-"
+        rows.append(row)
+    return rows
+
+
+def scored_kinds(result: Result, evaluator: str) -> list[str]:
+    present = {
+        kind for method in result.methods.values() for kind in method.scores.get(evaluator, {})
+    }
+    return [kind for kind in ("aggregated", "local") if kind in present]
+
+
+def _mean(entry: LayerScore | None) -> str:
+    if entry is None or math.isnan(entry.mean):
+        return "-"
+    return f"{entry.mean:+.3f}"
+
+
+def _ci(entry: LayerScore | None) -> str:
+    if entry is None or math.isnan(entry.ci95[0]):
+        return "-"
+    low, high = entry.ci95
+    return f"[{low:+.2f},{high:+.2f}]"
+
+
+def _added_caption(result: Result) -> str:
+    """Which rows were not selected: the reference and the random floor join every table."""
+    notes = []
+    for key, role in (("added_as_reference", "the reference"), ("added_as_floor", "the floor")):
+        added = [spec for spec, m in result.methods.items() if getattr(m, key)]
+        if added:
+            notes.append(f"{', '.join(added)}: added as {role}")
+    return "; ".join(notes)
+
+
+def _status(method: MethodResult, evaluator: str) -> str:
+    if method.status != "ok":
+        return f"failed: {method.error}"
+    pair = method.evaluators.get(evaluator, {"status": "ok"})
+    if pair["status"] == "failed":
+        return f"{evaluator} failed: {pair['error']}"
+    return pair["status"]
+
+
+def leaderboard(document: Results, evaluator: str, kind: str = "aggregated") -> Table:
+    """Rows = methods, best last-layer score first; best layer and last layer with 95% CI.
+
+    Cost columns: seconds per example and peak memory (MB), both standalone.
+    """
+    document = as_result(document)
+    model = document.provenance["model"]
+    dataset = document.provenance["dataset"]
+    info = document.evaluator_info.get(evaluator, {})
+    higher_is_better = info.get("higher_is_better", True)
+    versus = f" vs {document.reference}" if info.get("needs_reference", True) else ""
+    direction = "" if higher_is_better else ", lower is better"
+    table = Table(
+        title=f"{evaluator}{versus} ({kind}{direction}) — {model['name']} on "
+        f"{Path(dataset['name']).name}/{dataset['split']} (n={dataset['examples']})",
+        title_justify="left",
+        caption=_added_caption(document) or None,
+        caption_justify="left",
+    )
+    table.add_column("method", style="bold", no_wrap=True)
+    table.add_column("best (layer)", justify="right", no_wrap=True)
+    table.add_column("last layer", justify="right", no_wrap=True)
+    table.add_column("95% CI", justify="right", no_wrap=True)
+    table.add_column("s/ex", justify="right", no_wrap=True)
+    table.add_column("peak MB", justify="right", no_wrap=True)
+    table.add_column("status")
+    sign = 1.0 if higher_is_better else -1.0
+
+    def last_mean(item: tuple[str, MethodResult]) -> float:
+        layers = layer_scores(item[1], evaluator, kind)
+        mean = layers[-1].mean if layers else None
+        return -math.inf if mean is None or math.isnan(mean) else sign * mean
+
+    for spec, method in sorted(document.methods.items(), key=last_mean, reverse=True):
+        layers = layer_scores(method, evaluator, kind)
+        seconds = method.seconds_per_example
+        status = _status(method, evaluator)
+        row = ["-", "-", "-"]
+        if layers:
+            scored = [x for x in layers if not math.isnan(x.mean)]
+            best = max(scored, key=lambda x: sign * x.mean) if scored else None
+            best_text = _mean(best) + (f" ({best.layer})" if best and len(layers) > 1 else "")
+            row = [best_text, _mean(layers[-1]), _ci(layers[-1])]
+        memory = method.peak_memory_mb
+        table.add_row(
+            spec,
+            *row,
+            f"{seconds:.4f}" if seconds is not None else "-",
+            f"{memory:.1f}" if memory is not None else "-",
+            status,
+            style=None if status == "ok" else "red",
+        )
+    return table

@@ -1,0 +1,95 @@
+"""The Markdown report: leaderboards, per-layer tables and provenance, for text and PRs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from attrib_bench.reports.attributions import token_rows
+from attrib_bench.reports.leaderboard import (
+    finite,
+    heading,
+    layer_scores,
+    leaderboard_rows,
+    ok_evaluators,
+    ranked,
+    scored_kinds,
+    signed,
+)
+from attrib_bench.reports.provenance import DEFAULT_EXAMPLES, provenance_rows, shown_examples, title
+from attrib_bench.results.typed import Results, as_result
+
+
+def render_markdown(
+    document: Results,
+    attributions: Mapping[str, Mapping[str, Any]] | None = None,
+    examples: int = DEFAULT_EXAMPLES,
+    top: int = 5,
+) -> str:
+    """The report as Markdown: leaderboards, per-layer means, top tokens, provenance."""
+    document = as_result(document)
+    data = document.provenance["dataset"]
+    lines = [
+        f"# {title(document)}",
+        "",
+        f"n = {data.get('examples')} examples, reference `{document.reference}`, "
+        f"created {document.created}.",
+        "",
+    ]
+    evaluators = ok_evaluators(document)
+    for evaluator in evaluators:
+        for kind in scored_kinds(document, evaluator):
+            lines += [
+                f"## {heading(document, evaluator, kind)}",
+                "",
+                "| # | method | best (layer) | last layer | 95% CI | n | s/ex | peak MB | status |",
+                "|---:|---|---:|---:|---:|---:|---:|---:|---|",
+            ]
+            for rank, row in enumerate(leaderboard_rows(document, evaluator, kind), 1):
+                status = "ok" if row["status"] == "ok" else f"failed: {row['error']}"
+                cells = [row.get(k, "-") for k in ("best", "last", "ci", "n", "seconds", "memory")]
+                lines.append(
+                    f"| {rank} | `{row['spec']}` | " + " | ".join(cells) + f" | {status} |"
+                )
+            lines.append("")
+        depth = max(
+            (len(layer_scores(m, evaluator, "aggregated") or [])) for m in document.methods.values()
+        )
+        if depth > 1:
+            lines += [
+                f"### Per layer ({evaluator}, aggregated rows, mean)",
+                "",
+                "| method | " + " | ".join(f"L{i}" for i in range(1, depth + 1)) + " |",
+                "|---|" + "---:|" * depth,
+            ]
+            for spec in ranked(document, evaluator):
+                layers = layer_scores(document.methods[spec], evaluator, "aggregated") or []
+                if len(layers) > 1:
+                    cells = [signed(x.mean) for x in layers]
+                    lines.append(f"| `{spec}` | " + " | ".join(cells) + " |")
+            lines.append("")
+    for name, state in document.evaluators.items():
+        if state["status"] != "ok":
+            lines += [f"Evaluator `{name}` failed: {state['error']}", ""]
+    rows = token_rows(document, shown_examples(document, examples), attributions)
+    order = ranked(document, evaluators[0]) if evaluators else list(document.methods)
+    order += sorted({spec for methods in rows.values() for spec in methods} - set(order))
+    if rows:
+        lines += [f"## Top {top} tokens (last-layer aggregated rows)", ""]
+        for example, methods in rows.items():
+            lines += [f"**Example `{example}`**", "", "| method | top tokens |", "|---|---|"]
+            for spec in [s for s in order if s in methods]:
+                entry = methods[spec]
+                pairs = sorted(
+                    zip(entry["tokens"], entry["row"], strict=False),
+                    key=lambda pair: -abs(pair[1]) if finite(pair[1]) else 0.0,
+                )[:top]
+                shown = ", ".join(
+                    f"`{token}` " + (f"{value:+.3g}" if finite(value) else "-")
+                    for token, value in pairs
+                )
+                lines.append(f"| `{spec}` | {shown} |")
+            lines.append("")
+    lines += ["## Provenance", ""]
+    lines += [f"- **{name}**: {value}" for name, value in provenance_rows(document)]
+    return "\n".join(lines) + "\n"
