@@ -1,20 +1,29 @@
 """Faithfulness by erasure (ERASER; the DecompX protocol): remove what a method ranks highest.
 
 Definitions (DeYoung et al., "ERASER", ACL 2020, section 4.2; AOPC after Samek et al. 2017),
-with y the run's target class (``Trace.target_classes_B``: by default the class the model
-predicts on the full input x; the label for ``--target score=gold``) and p(y | .) its probability:
+with f(.) what the run's target explains (attrib_bench.core.target):
 
-- comprehensiveness = p(y | x) - p(y | x minus its top-k% tokens)   (higher: more faithful)
-- sufficiency       = p(y | x) - p(y | only the top-k% tokens)      (lower: more faithful)
+- ``score=predicted`` and ``score=gold``: f = p(y | .), the probability of the target class y
+  (``Trace.target_classes_B``: the class the model predicts on the full input x, or the label);
+- ``score=contrastive``: f = s(.) = logit(y) - logit(foil) = log p(y | .) - log p(foil | .),
+  the contrastive score itself (y: ``class=``, the foil: ``Trace.target_foils_B``), read from the
+  same log-probabilities (the softmax normaliser cancels), so it costs no model call more.
+  Probabilities would explain something else than the gradient methods differentiate.
+
+- comprehensiveness = f(x) - f(x minus its top-k% tokens)   (higher: more faithful)
+- sufficiency       = f(x) - f(only the top-k% tokens)      (lower: more faithful)
 
 each averaged over the bins k of ``ratios`` (AOPC; default 10%, 20%, ..., 90%; ERASER's own
 bins are ``ratios=0.01/0.05/0.1/0.2/0.5``). ``deletion`` and ``insertion`` are the
 same two erasures read as curves over ``ratios`` (default 0%, 10%, ..., 100%): the area under
-p(y | .) by the trapezoid rule, normalised to the ratio range (deletion: lower is better;
+f(.) by the trapezoid rule, normalised to the ratio range (deletion: lower is better;
 insertion: higher). ``log-odds`` (Shrikumar et al. 2017) is the drop of the target class's
-log-odds log(p / (1 - p)) when the top 20% are removed (higher is better), and
-``masked-accuracy`` is the model's accuracy against the gold label after erasure, averaged over
-the bins (DecompX's ACC; ``mode=remove``: lower is better, ``mode=keep``: higher).
+log-odds log(p / (1 - p)) when the top 20% are removed (higher is better); under a contrastive
+target it is the drop of s, the log-odds of y against the foil alone (so it equals
+comprehensiveness at ``ratios=0.2``). ``masked-accuracy`` is the model's accuracy against the
+gold label after erasure, averaged over the bins (DecompX's ACC; ``mode=remove``: lower is
+better, ``mode=keep``: higher), whatever the target. Unbounded s makes contrastive values
+logit differences, not probabilities: compare them only with runs of the same target.
 
 Conventions, stated because results depend on them:
 
@@ -185,10 +194,9 @@ class Erasure(Configurable, ABC):
     def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
         erased_RBC = self.erased(attribution, context)
         original_BC = torch.log_softmax(context.trace.logits_BC.double(), dim=-1).cpu().numpy()
-        classes_B = context.trace.target_classes_B.cpu().numpy()
-        columns = np.arange(len(classes_B))
-        chosen_RB = erased_RBC[:, columns, classes_B]
-        per_example = self.reduce(original_BC[columns, classes_B], chosen_RB, erased_RBC, context)
+        before_B = explained(context.trace, original_BC[None])[0]
+        after_RB = explained(context.trace, erased_RBC)
+        per_example = self.reduce(before_B, after_RB, erased_RBC, context)
         return {"aggregated": per_example[None, :]}
 
     @abstractmethod
@@ -199,25 +207,41 @@ class Erasure(Configurable, ABC):
         erased_RBC: np.ndarray,
         context: EvalContext,
     ) -> np.ndarray:
-        """Per-example score from log p(y) before (B,) and after erasure (R, B); all (R, B, C)."""
+        """Per-example score from f (``explained``) before (B,) and after erasure (R, B), and
+        the log-probabilities after erasure (R, B, C)."""
+
+
+def explained(trace: Trace, log_probs_RBC: np.ndarray) -> np.ndarray:
+    """f of each row, (R, B): p(y) of the target class, or for a contrastive target the score
+    log p(y) - log p(foil), which is logit(y) - logit(foil)."""
+    classes_B = trace.target_classes_B.cpu().numpy()
+    columns = np.arange(len(classes_B))
+    chosen_RB = log_probs_RBC[:, columns, classes_B]
+    foils = trace.target_foils_B
+    if foils is None:
+        return np.exp(chosen_RB)
+    return chosen_RB - log_probs_RBC[:, columns, foils.cpu().numpy()]
 
 
 class Comprehensiveness(Erasure):
     name = "comprehensiveness"
-    description = "AOPC comprehensiveness: p(y|x) - p(y|x without top-k%), k in ratios (ERASER)"
+    description = (
+        "AOPC comprehensiveness: f(x) - f(x without top-k%), k in ratios (ERASER); "
+        "f: p(y), or the contrastive score"
+    )
 
     def reduce(self, original_B, erased_RB, erased_RBC, context):
-        return (np.exp(original_B) - np.exp(erased_RB)).mean(axis=0)
+        return (original_B - erased_RB).mean(axis=0)
 
 
 class Sufficiency(Erasure):
     name = "sufficiency"
-    description = "AOPC sufficiency: p(y|x) - p(y|top-k% only), k in ratios; lower is better"
+    description = "AOPC sufficiency: f(x) - f(top-k% only), k in ratios; lower is better"
     higher_is_better = False
     mode = "keep"
 
     def reduce(self, original_B, erased_RB, erased_RBC, context):
-        return (np.exp(original_B) - np.exp(erased_RB)).mean(axis=0)
+        return (original_B - erased_RB).mean(axis=0)
 
 
 def curve_area(values_RB: np.ndarray, ratios: tuple[float, ...]) -> np.ndarray:
@@ -230,7 +254,7 @@ def curve_area(values_RB: np.ndarray, ratios: tuple[float, ...]) -> np.ndarray:
 
 class Deletion(Erasure):
     name = "deletion"
-    description = "Deletion curve: area under p(y) as top-ranked tokens are erased; lower is better"
+    description = "Deletion curve: area under f as top-ranked tokens are erased; lower is better"
     higher_is_better = False
     parameters = {**Erasure.parameters, "ratios": CURVE_RATIOS}
 
@@ -241,12 +265,12 @@ class Deletion(Erasure):
             raise UsageError(f"{self.name}:ratios must be at least two increasing values")
 
     def reduce(self, original_B, erased_RB, erased_RBC, context):
-        return curve_area(np.exp(erased_RB), parse_ratios(self.params["ratios"]))
+        return curve_area(erased_RB, parse_ratios(self.params["ratios"]))
 
 
 class Insertion(Deletion):
     name = "insertion"
-    description = "Insertion curve: area under p(y) as top-ranked tokens are restored"
+    description = "Insertion curve: area under f as top-ranked tokens are restored"
     higher_is_better = True
     mode = "keep"
 
@@ -268,6 +292,8 @@ class LogOdds(Erasure):
 
     def reduce(self, original_B, erased_RB, erased_RBC, context):
         trace = context.trace
+        if trace.target.score == "contrastive":  # s is already the log-odds of y to the foil
+            return (original_B[None, :] - erased_RB).mean(axis=0)
         classes_B = trace.target_classes_B.cpu().numpy()
         original_BC = torch.log_softmax(trace.logits_BC.double(), dim=-1).cpu().numpy()
         after_RB = np.stack([log_odds(erased_BC, classes_B) for erased_BC in erased_RBC])

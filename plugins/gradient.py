@@ -2,7 +2,8 @@
 
 The attribution is taken at the output of the embedding module (``hidden_states[0]``: after
 the embedding LayerNorm) for the run's target score (attrib_bench.core.target: by default the logit
-of the predicted class; ``target=predicted|gold`` on the method overrides it with that class's
+of the predicted class; under ``score=contrastive`` the logit of ``class=`` minus that of its
+foil, per example; ``target=predicted|gold`` on the method overrides it with that class's
 logit), and reduced per token by the L2 norm over the hidden dimension (``reduce=sum``: signed
 sum). A contrastive score (two logits' difference) is no single output Captum could select, so
 the forward function then returns the score itself.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,6 +15,7 @@ import torch
 from helpers import examples, one_batch
 from test_plugins import assert_one_line_error, write_module
 
+import attrib_bench
 from attrib_bench import EvalContext, UsageError
 from attrib_bench.core.architecture_spec import ArchitectureSpec
 from attrib_bench.core.registry import load_registry
@@ -207,6 +209,10 @@ def test_two_plugins_serving_one_model_type_name_both(run_cli, tmp_path):
     [
         ('ArchitectureSpec(model_types=("x",), block="sandwich")', ["block='sandwich'", "pre-ln"]),
         ('ArchitectureSpec(model_types="x")', ["model_types must be a non-empty tuple"]),
+        (
+            'ArchitectureSpec(model_types=("x",), shared_layer="yes")',
+            ["shared_layer must be True or False, got 'yes'"],
+        ),
         ('"bert"', ["'bert'", "not an", "ArchitectureSpec"]),
     ],
 )
@@ -225,6 +231,73 @@ def test_bad_architectures_are_usage_errors(returned, needles, tmp_path):
         load_registry([plugin])
     for needle in [f"file {plugin}", *needles]:
         assert needle in str(raised.value)
+
+
+@pytest.mark.parametrize("groups", [{"num_hidden_groups": 2}, {"inner_group_num": 2}])
+def test_an_albert_with_several_shared_layers_is_refused(groups):
+    """ALBERT's spec hooks one shared layer: with two (in two groups, or two in the group) the
+    captures would not be one per layer."""
+    from transformers import AlbertConfig, AlbertForSequenceClassification
+
+    config = AlbertConfig(
+        vocab_size=50,
+        embedding_size=8,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=16,
+        **groups,
+    )
+    adapter = EncoderAdapter(
+        AlbertForSequenceClassification(config), load_registry().architecture_specs()["albert"]
+    )
+    with pytest.raises(UsageError, match="this model has 2 AlbertLayer modules"):
+        _ = adapter.layers
+
+
+def test_list_shows_each_family_and_the_attributors_it_can_run(run_cli, tmp_path, monkeypatch):
+    """``list --json`` and the table: per family its model types, capabilities, plugin, and the
+    attributors whose needs it offers, by the runner's own check."""
+    plugin = write_module(tmp_path / "megatron_family.py", MEGATRON_FAMILY)
+    code, out, err = run_cli("list", "--json", "--plugin", plugin)
+    assert code == 0, err
+    families = {tuple(f["model_types"]): f for f in json.loads(out)["architectures"]}
+    builtin = f"attrib-bench {attrib_bench.__version__} (architectures = "
+    for model_types in [
+        ("albert",),
+        ("bert", "electra"),
+        ("distilbert",),
+        ("roberta", "xlm-roberta", "camembert"),
+    ]:
+        assert families[model_types]["plugin"].startswith(builtin), model_types
+    registry = load_registry([plugin])
+    assert families[("distilbert",)]["attributors"] == sorted(registry.attributors)
+    megatron = families[("megatron-bert",)]
+    assert megatron["plugin"] == f"file {plugin}"
+    assert megatron["capabilities"] == {
+        "block": "pre-ln",
+        "norm": "layernorm",
+        "qkv": "separate",
+        "heads": "multi-head",
+        "positions": "absolute",
+    }
+    model = SimpleNamespace(
+        config=SimpleNamespace(model_type="megatron-bert", num_attention_heads=2)
+    )
+    adapter = EncoderAdapter(model, registry.architecture_specs()["megatron-bert"])
+    assert megatron["attributors"] == [
+        name
+        for name, reg in sorted(registry.attributors.items())
+        if not unmet_needs(reg.obj, adapter)
+    ]
+    assert {"attention", "effective-attention", "saliency"} <= set(megatron["attributors"])
+    assert "globenc" not in megatron["attributors"]
+    monkeypatch.setenv("COLUMNS", "250")
+    code, out, err = run_cli("list", "--plugin", plugin)
+    assert code == 0, err
+    assert "architectures" in out
+    (row,) = [line for line in out.splitlines() if line.startswith("│ megatron-bert ")]
+    assert re.search(rf"│ block=pre-ln, +│ attention, +│ file {re.escape(str(plugin))} +│$", row)
 
 
 def test_unknown_needs_are_usage_errors(tmp_path):

@@ -301,18 +301,26 @@ def test_string_labels_are_mapped_or_refused(run_cli, tmp_path, tiny_bert):
 
 def test_unsupported_architecture(run_cli, tmp_path, tiny_bert):
     """A model family without an adapter: named, with the supported ones, once a method needs it."""
-    from transformers import AutoTokenizer, DistilBertConfig, DistilBertForSequenceClassification
+    from transformers import (
+        AutoTokenizer,
+        MegatronBertConfig,
+        MegatronBertForSequenceClassification,
+    )
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
-    config = DistilBertConfig(
-        vocab_size=tokenizer.vocab_size, dim=16, n_layers=1, n_heads=2, hidden_dim=32
+    config = MegatronBertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
     )
-    DistilBertForSequenceClassification(config).save_pretrained(tmp_path / "distil")
-    tokenizer.save_pretrained(tmp_path / "distil")
+    MegatronBertForSequenceClassification(config).save_pretrained(tmp_path / "megatron")
+    tokenizer.save_pretrained(tmp_path / "megatron")
     result = run_cli(
         "attribute",
         "--model",
-        tmp_path / "distil",
+        tmp_path / "megatron",
         "--limit",
         "2",
         "--attributors",
@@ -321,4 +329,4 @@ def test_unsupported_architecture(run_cli, tmp_path, tiny_bert):
         "--output",
         tmp_path / "x.jsonl",
     )
-    assert_usage_error(result, ["'distilbert'", "supported:", "bert", "roberta"])
+    assert_usage_error(result, ["'megatron-bert'", "supported:", "bert", "roberta"])

@@ -6,6 +6,7 @@ what was computed and what came from the cache.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -15,12 +16,15 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import examples, one_batch
 
+from attrib_bench.model.load import load_model
 from attrib_bench.runner.cache import (
     NO_CACHE_ENV,
     atomic_write,
     code_identity,
     digest,
+    example_key,
     read_entry,
     results_root,
 )
@@ -349,3 +353,29 @@ def test_an_entry_records_its_own_batchs_memory_not_the_runs_peak(
     # which is the run's.
     assert len(peaks) == 2
     assert max(peaks) == pytest.approx(first["methods"]["saliency"]["peak_memory_mb"], abs=0.01)
+
+
+def test_an_examples_foil_joins_its_key_only_when_set(tiny_bert):
+    """A changed foil changes the contrastive score: it must not reuse the old entry. Examples
+    without one keep the key they had before foils existed."""
+    loaded = load_model(str(tiny_bert), "cpu")
+    plain = examples(["a fine film"])
+    batch = one_batch(loaded, plain)
+    length = int(batch.attention_mask_BN[0].sum())
+    before = digest(
+        [
+            "0",
+            "a fine film",
+            None,
+            0,
+            None,
+            batch.input_ids_BN[0, :length].tolist(),
+            batch.token_type_ids_BN[0, :length].tolist(),
+        ]
+    )
+    assert example_key(batch, 0) == before
+    keys = {
+        example_key(one_batch(loaded, [dataclasses.replace(plain[0], foil=foil)]), 0)
+        for foil in (0, 1)
+    }
+    assert len(keys) == 2 and before not in keys

@@ -74,7 +74,7 @@ def test_list_json_schema_and_builtin_sources(run_cli):
     code, out, err = run_cli("list", "--json")
     assert code == 0, err
     listing = json.loads(out)
-    assert set(listing) == {"attributors", "evaluators"}
+    assert set(listing) == {"attributors", "evaluators", "architectures"}
     for kind in ("attributors", "evaluators"):
         for entry in listing[kind]:
             assert set(entry) == {"name", "description", "parameters", "default_run", "plugin"}

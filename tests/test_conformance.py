@@ -265,6 +265,71 @@ def test_one_line_per_problem_naming_the_families():
     assert len(lines) == 2
 
 
+# -------------------------------------------------------------- under each attribution target
+
+
+class TargetRow(LastLayerCls):
+    """A conforming method that reads the target: the last layer's attention row of the target
+    token (``trace.target_positions_B``)."""
+
+    name = "target-row"
+    description = "Last-layer attention row of the target token, mean over heads"
+
+    def scores_BN(self, trace: Trace) -> torch.Tensor:
+        rows = torch.arange(len(trace.batch.examples))
+        last_BHNK = trace.need("attentions")[-1]
+        return last_BHNK[rows, :, trace.target_positions_B, :].mean(dim=1) * trace.mask_BN
+
+
+class PaddedLastRow(TargetRow):
+    """Breaks under position=last only: takes the batch's last column, a pad for the shorter."""
+
+    def scores_BN(self, trace):
+        if trace.target.position == "first":
+            return super().scores_BN(trace)
+        return trace.need("attentions")[-1][:, :, -1, :].mean(dim=1) * trace.mask_BN
+
+
+class NoContrast(TargetRow):
+    """Breaks under score=contrastive only: it refuses a foil."""
+
+    def scores_BN(self, trace):
+        if trace.target_foils_B is not None:
+            raise NotImplementedError("no contrastive scores")
+        return super().scores_BN(trace)
+
+
+def test_the_kit_checks_every_attributor_under_each_kind_of_target():
+    report = check_attributor(TargetRow())
+    assert report.targets == (
+        "position=auto,score=predicted",
+        "position=last,score=predicted",
+        "position=auto,score=contrastive",
+    )
+    with pytest.raises(ConformanceError) as caught:
+        check_attributor(PaddedLastRow(), families=BERT)
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 2, lines
+    assert lines[1].startswith(
+        "- bert: under --target position=last,score=predicted: aggregated rows of "
+    )
+    assert "change when the example is batched with others" in lines[1]
+    with pytest.raises(ConformanceError) as caught:
+        check_attributor(NoContrast(), families=BERT)
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 2, lines
+    assert lines[1].startswith(
+        "- bert: under --target position=auto,score=contrastive: attribute() raised "
+        "NotImplementedError: no contrastive scores"
+    )
+
+
+def test_a_problem_under_the_default_target_is_reported_once():
+    with pytest.raises(ConformanceError) as caught:
+        check_attributor(PaddingNotZero(), families=BERT)
+    assert "under --target" not in str(caught.value)
+
+
 # ----------------------------------------------------------------- broken evaluators
 
 

@@ -12,6 +12,7 @@ from helpers import examples, one_batch
 
 from attrib_bench import Attribution, EvalContext, UsageError
 from attrib_bench.core.interfaces import Batch, Example
+from attrib_bench.core.target import Target
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import Trace, trace_batch
 from attrib_bench.toolkit.ranking import erasure_mask, ratio_k, top_k_mask
@@ -314,3 +315,91 @@ def test_layer_parameter_picks_the_row():
     assert last.score(layered, context)["aggregated"][0, 0] == pytest.approx(0.0)
     with pytest.raises(ValueError, match="layers"):
         Comprehensiveness().configure({"layer": "3"}).score(layered, context)
+
+
+# ------------------------------------------------------------ under a contrastive target
+
+
+def contrastive(evaluator, **params):
+    trace, attribution, context = toy_trace(SCORES)
+    trace.target = Target(score="contrastive")  # class 1 (predicted) minus class 0 (runner-up)
+    configured = evaluator.configure({k: str(v) for k, v in params.items()})
+    return float(configured.score(attribution, context)["aggregated"][0, 0])
+
+
+def test_contrastive_metrics_read_the_logit_difference_by_hand():
+    # s = logit(1) - logit(0) = z - 0.5: 2.5 on the full input; removing A leaves z = 1,
+    # removing A and B z = 0; keeping only A z = 2.
+    assert contrastive(Comprehensiveness(), ratios="0.3/0.6") == pytest.approx(
+        2.5 - (0.5 + -0.5) / 2
+    )
+    assert contrastive(Sufficiency(), ratios="0.3/0.6") == pytest.approx(2.5 - (1.5 + 2.5) / 2)
+    # deletion: 2.5, -0.5, -0.5 at 0, 0.5, 1; insertion: -0.5, 2.5, 2.5
+    assert contrastive(Deletion(), ratios="0/0.5/1") == pytest.approx((2.5 - 0.5) / 4 - 1 / 4)
+    assert contrastive(Insertion(), ratios="0/0.5/1") == pytest.approx(2.0 / 4 + 5.0 / 4)
+    # Two classes: the log-odds of the predicted class are s, so log-odds agree either way.
+    assert contrastive(LogOdds()) == pytest.approx(evaluate(LogOdds())) == pytest.approx(2.0)
+    # masked accuracy is against the gold label, whatever the target
+    assert contrastive(MaskedAccuracy(), ratios="0.3/0.6") == pytest.approx(0.5)
+
+
+def test_the_contrastive_metric_is_not_the_probability_one():
+    p = evaluate(Comprehensiveness(), ratios="0.3/0.6")
+    assert p == pytest.approx(sigmoid(2.5) - (sigmoid(0.5) + sigmoid(-0.5)) / 2)
+    assert contrastive(Comprehensiveness(), ratios="0.3/0.6") == pytest.approx(2.5)
+    assert p != pytest.approx(2.5)
+
+
+@pytest.fixture(scope="module")
+def bert64(tiny_bert):
+    loaded = load_model(str(tiny_bert), "cpu")
+    loaded.model.double()
+    return loaded
+
+
+@pytest.mark.parametrize(
+    "target",
+    [Target(score="contrastive"), Target(score="contrastive", class_="gold")],
+    ids=str,
+)
+def test_contrastive_comprehensiveness_by_hand_on_the_tiny_model(bert64, target):
+    """Float64: s(x) - mean over bins of s(x with its top-k words masked), one example at a
+    time on its real tokens, with the classes and foils of the full input."""
+    trace = trace_batch(bert64, one_batch(bert64, examples()), set(), target=target)
+    attribution = Saliency().attribute(trace)
+    ratios = (0.2, 0.5)
+    evaluator = Comprehensiveness().configure({"ratios": "0.2/0.5"})
+    ours = evaluator.score(attribution, EvalContext(trace, None, 0))["aggregated"][0]
+    batch = trace.batch
+    classes, foils = trace.target_classes_B.tolist(), trace.target_foils_B.tolist()
+    model, mask_id = bert64.model, bert64.tokenizer.mask_token_id
+
+    def s(ids: torch.Tensor, row: int) -> float:
+        with torch.no_grad():
+            logits = model(input_ids=ids[None]).logits[0]
+        return float(logits[classes[row]] - logits[foils[row]])
+
+    for row, n in enumerate(batch.lengths):
+        ids = batch.input_ids_BN[row, :n]
+        scores = attribution.aggregated_BLN[row, 0, :n].tolist()
+        words = [i for i in range(n) if not batch.special_tokens_mask_BN[row, i]]
+        ranked = sorted(words, key=lambda i: (-scores[i], i))
+        erased = []
+        for ratio in ratios:
+            top = ranked[: math.ceil(ratio * len(words) - 1e-9)]
+            masked = ids.clone()
+            masked[top] = mask_id
+            erased.append(s(masked, row))
+        expected = s(ids, row) - sum(erased) / len(erased)
+        assert ours[row] == pytest.approx(expected, rel=1e-9, abs=1e-9)
+    # The probability of the class says something else.
+    plain = trace_batch(bert64, batch, set(), target=Target("first"))
+    probability = evaluator.score(attribution, EvalContext(plain, None, 0))["aggregated"][0]
+    assert not np.allclose(ours, probability)
+    # log-odds under a contrastive target is the drop of s at 20%: comprehensiveness at 0.2
+    at_20 = Comprehensiveness().configure({"ratios": "0.2"})
+    np.testing.assert_allclose(
+        LogOdds().score(attribution, EvalContext(trace, None, 0))["aggregated"],
+        at_20.score(attribution, EvalContext(trace, None, 0))["aggregated"],
+        rtol=1e-12,
+    )

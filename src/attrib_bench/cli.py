@@ -12,6 +12,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -19,6 +20,9 @@ from rich.markup import escape
 from attrib_bench import __version__
 from attrib_bench.core.console import stderr
 from attrib_bench.core.errors import ExitCode, UsageError
+
+if TYPE_CHECKING:
+    from attrib_bench.core.registry import Registry
 
 
 def _csv(value: str) -> list[str]:
@@ -77,8 +81,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help="seed for random methods and CIs (default: 0)")
     parser.add_argument(
         "--target",
-        help="attribution target: position=first|last,score=predicted|gold|contrastive[,foil=C] "
-        "(default: position=first,score=predicted)",
+        help="attribution target: position=auto|first|last,score=predicted|gold|contrastive"
+        "[,class=predicted|gold][,foil=C|runner-up|example] (default: position=auto,"
+        "score=predicted; auto is the model family's position: first for encoders)",
     )
     parser.add_argument(
         "--plugin",
@@ -97,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"attrib-bench {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    listing = commands.add_parser("list", help="list attributors and evaluators")
+    listing = commands.add_parser("list", help="list attributors, evaluators, model families")
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.add_argument("--plugin", action="append", default=[], metavar="PATH.py")
 
@@ -186,6 +191,31 @@ def _parameters_text(parameters: dict[str, dict]) -> str:
     )
 
 
+def _architectures(registry: Registry) -> list[dict]:
+    """Each model family once: its model types, capabilities and plugin, and the attributors
+    whose ``needs`` it offers (the check the runner makes before a method's first batch)."""
+    from attrib_bench.core.architecture_spec import CAPABILITIES
+    from attrib_bench.model.architectures import unmet_capabilities
+
+    families = {id(reg.obj): reg for reg in registry.architectures.values()}.values()
+    listing = [
+        {
+            "model_types": list(reg.obj.model_types),
+            "capabilities": {
+                capability: getattr(reg.obj, capability) for capability in CAPABILITIES
+            },
+            "plugin": reg.source,
+            "attributors": [
+                name
+                for name, attributor in sorted(registry.attributors.items())
+                if not unmet_capabilities(attributor.obj, reg.obj)
+            ],
+        }
+        for reg in families
+    ]
+    return sorted(listing, key=lambda family: family["model_types"])
+
+
 def _list(args: argparse.Namespace, out: Console) -> int:
     from rich.table import Table
 
@@ -208,8 +238,9 @@ def _list(args: argparse.Namespace, out: Console) -> int:
             ("evaluators", registry.evaluators),
         )
     }
+    architectures = _architectures(registry)
     if args.json:
-        out.print_json(json.dumps(listing))
+        out.print_json(json.dumps({**listing, "architectures": architectures}))
         return ExitCode.OK
     for kind, rows in listing.items():
         table = Table(
@@ -230,6 +261,23 @@ def _list(args: argparse.Namespace, out: Console) -> int:
                 row["plugin"],
             )
         out.print(table)
+    table = Table(
+        title="architectures",
+        title_justify="left",
+        caption="attributors: those whose needs the family offers",
+        caption_justify="left",
+    )
+    for column in ("model types", "capabilities", "attributors"):
+        table.add_column(column)
+    table.add_column("plugin", no_wrap=True)
+    for family in architectures:
+        table.add_row(
+            ", ".join(family["model_types"]),
+            ", ".join(f"{key}={value}" for key, value in family["capabilities"].items()),
+            ", ".join(family["attributors"]),
+            family["plugin"],
+        )
+    out.print(table)
     return ExitCode.OK
 
 

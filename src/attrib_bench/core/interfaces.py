@@ -18,13 +18,16 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Example:
-    """One input to classify. ``rationale`` marks decisive words of ``text.split()`` (1/0)."""
+    """One input to classify. ``rationale`` marks decisive words of ``text.split()`` (1/0);
+    ``foil`` is the class a ``--target ...,foil=example`` contrast subtracts (a class index
+    into the logits, like ``label``)."""
 
     id: str
     text: str
     text_pair: str | None = None
     label: int | None = None
     rationale: tuple[int, ...] | None = None
+    foil: int | None = None
 
 
 @dataclass
@@ -59,6 +62,14 @@ class Batch:
         if any(label is None for label in labels):
             return None
         return torch.tensor(labels, device=self.input_ids_BN.device)
+
+    @property
+    def foils(self) -> torch.Tensor | None:
+        """The examples' own foil classes (``Example.foil``), (B,); None if one has none."""
+        foils = [e.foil for e in self.examples]
+        if any(foil is None for foil in foils):
+            return None
+        return torch.tensor(foils, dtype=torch.long, device=self.input_ids_BN.device)
 
     def to(self, device: torch.device | str) -> Batch:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:

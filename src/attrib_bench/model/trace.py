@@ -34,15 +34,19 @@ class Trace:
 
     - ``logits_BC``: always present (every method needs the predicted class).
     - ``hidden_states``: L + 1 tensors (B, N, D); ``hidden_states[l]`` is the input of layer
-      l + 1 (``hidden_states[0]`` is the embedding output).
+      l + 1 (``hidden_states[0]`` is the embedding output), ``hidden_states[L]`` the last
+      layer's output: in a pre-LN model the final norm's input (Hugging Face's last entry is
+      that norm's output).
     - ``attentions``: L tensors (B, H, N, K) of attention probabilities.
-    - ``values``: L tensors (B, N, H*E): value vectors x W_V + b_V.
-    - ``pre_ln1`` / ``pre_ln2``: L tensors (B, N, D): the inputs of each layer's two LayerNorms.
+    - ``values``: L tensors (B, N, H_kv*E): value vectors x W_V + b_V (N1(x) W_V + b_V in a
+      pre-LN block; the value part of a fused projection's output).
+    - ``pre_ln1`` / ``pre_ln2``: L tensors (B, N, D): the inputs of each layer's two norms.
     - ``plugin_fields``: the captured fields plugins registered, by name (read them with
       ``need(name)``).
     - ``shared``: a per-batch memo so methods of one family compute shared pieces once.
-    - ``target``: the run's attribution target (attrib_bench.core.target); read it through
-      ``target_positions_B``, ``target_classes_B`` and ``target_foils_B``.
+    - ``target``: the run's attribution target (attrib_bench.core.target), its ``position=auto``
+      resolved to the model family's default; read it through ``target_positions_B``,
+      ``target_classes_B`` and ``target_foils_B``.
     """
 
     batch: Batch
@@ -64,6 +68,9 @@ class Trace:
     #: again passes on (``trace_batch(..., fields=trace.field_specs)``).
     field_specs: Mapping[str, TraceField] = field(default_factory=dict)
     target: Target = DEFAULT_TARGET
+
+    def __post_init__(self) -> None:
+        self.target = self.target.resolved(default_target_position(self.loaded))
 
     @property
     def model(self) -> torch.nn.Module:
@@ -88,7 +95,9 @@ class Trace:
     @property
     def target_positions_B(self) -> torch.Tensor:
         """Per example, the token whose row is explained (0 unless ``position=last``)."""
-        return self.target.positions(self.mask_BN)
+        # Resolved again: ``target`` may have been assigned after construction.
+        target = self.target.resolved(default_target_position(self.loaded))
+        return target.positions(self.mask_BN)
 
     @property
     def target_classes_B(self) -> torch.Tensor:
@@ -97,8 +106,9 @@ class Trace:
 
     @property
     def target_foils_B(self) -> torch.Tensor | None:
-        """Per example, the class a contrastive score subtracts; None for the other scores."""
-        return self.target.foils(self.logits_BC)
+        """Per example, the class a contrastive score subtracts (the runner-up, a fixed class
+        or the example's own ``Example.foil``); None for the other scores."""
+        return self.target.foils(self.logits_BC, self.target_classes_B, self.batch.foils)
 
     def memo(self, key: str, compute: Callable[[], Any]) -> Any:
         """Return ``shared[key]``, computing it on first use within this batch.
@@ -138,6 +148,17 @@ class Trace:
         return captured
 
 
+def default_target_position(loaded: LoadedModel | None) -> str:
+    """What ``--target position=auto`` means for this model: its family spec's
+    ``target_position``, "first" for a model without a spec (or a stand-in without one)."""
+    architectures = getattr(loaded, "architectures", None)
+    config = getattr(getattr(loaded, "model", None), "config", None)
+    if architectures is None or config is None:
+        return "first"
+    spec = architectures.get(config.model_type)
+    return "first" if spec is None else spec.target_position
+
+
 def _detached(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach()
@@ -173,8 +194,8 @@ def trace_batch(
 
     ``fields`` are the fields plugins registered, by name (``Registry.trace_field_specs()``);
     built-in names in it are captured as built-ins. ``target`` is the run's attribution target,
-    kept on the trace for its readers. Every hook is removed after the forward pass, also when
-    it raises.
+    kept on the trace for its readers (``position=auto`` resolved to the family's default).
+    Every hook is removed after the forward pass, also when it raises.
     """
     needed = set(requires)
     extra = {name: f for name, f in (fields or {}).items() if name not in TRACE_FIELDS}
@@ -184,7 +205,14 @@ def trace_batch(
             f"unknown trace fields {sorted(unknown)}; valid: "
             + ", ".join(sorted(TRACE_FIELDS | set(extra)))
         )
-    captured: dict[str, list[torch.Tensor]] = {"values": [], "pre_ln1": [], "pre_ln2": []}
+    captured: dict[str, list[torch.Tensor]] = {
+        "values": [],
+        "pre_ln1": [],
+        "pre_ln2": [],
+        "final_norm": [],
+    }
+    hidden = bool(needed & {"hidden_states", "values", "pre_layernorm"})
+    spec = loaded.architectures.get(loaded.model.config.model_type) if hidden else None
     kept: dict[str, list[Any]] = {name: [] for name in sorted(needed & set(extra))}
     handles = []
     try:
@@ -193,11 +221,17 @@ def trace_batch(
             for layer in range(len(adapter.layers)):
                 if "values" in needed:
                     handles.append(
-                        _keep(adapter.module(layer, "value"), "output", captured["values"])
+                        adapter.module(layer, "value").register_forward_hook(
+                            lambda _m, _i, out: captured["values"].append(
+                                adapter.value_vectors(out.detach())
+                            )
+                        )
                     )
                 if "pre_layernorm" in needed:
                     for part, key in (("ln1", "pre_ln1"), ("ln2", "pre_ln2")):
                         handles.append(_keep(adapter.module(layer, part), "input", captured[key]))
+        if spec is not None and spec.final_norm:  # pre-LN: the last block's output
+            handles.append(_keep(loaded.adapter.final_norm, "input", captured["final_norm"]))
         if kept:
             adapter = loaded.adapter
             for name, into in kept.items():
@@ -207,11 +241,14 @@ def trace_batch(
             out = loaded.model(
                 **batch.model_inputs(),
                 output_attentions="attentions" in needed,
-                output_hidden_states=bool(needed & {"hidden_states", "values", "pre_layernorm"}),
+                output_hidden_states=hidden,
             )
     finally:
         for handle in handles:
             handle.remove()
+    hidden_states = tuple(out.hidden_states or ())
+    if captured["final_norm"]:  # Hugging Face's last entry is the final norm's output
+        hidden_states = (*hidden_states[:-1], *captured["final_norm"])
     plugin_fields = {
         name: extra[name].collect(values) if extra[name].collect is not None else tuple(values)
         for name, values in kept.items()
@@ -220,7 +257,7 @@ def trace_batch(
         batch=batch,
         loaded=loaded,
         logits_BC=out.logits.detach(),
-        hidden_states=tuple(out.hidden_states or ()),
+        hidden_states=hidden_states,
         attentions=tuple(out.attentions or ()),
         values=tuple(captured["values"]),
         pre_ln1=tuple(captured["pre_ln1"]),

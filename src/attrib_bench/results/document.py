@@ -92,7 +92,9 @@ def build_result(
     return {
         "schema_version": SCHEMA_VERSION,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "config": config.to_dict(),
+        # The resolved target (position=auto -> the family's): results stay comparable with
+        # runs that named the position.
+        "config": {**config.to_dict(), "target": str(prepared.target)},
         "provenance": {
             "packages": {name: _version(name) for name in PACKAGES},
             "python": platform.python_version(),

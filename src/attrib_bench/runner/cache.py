@@ -171,17 +171,17 @@ def example_key(batch: Batch, row: int) -> str:
     example = batch.examples[row]
     length = int(batch.attention_mask_BN[row].sum())
     types = batch.token_type_ids_BN
-    return digest(
-        [
-            example.id,
-            example.text,
-            example.text_pair,
-            example.label,
-            list(example.rationale) if example.rationale is not None else None,
-            batch.input_ids_BN[row, :length].tolist(),
-            types[row, :length].tolist() if types is not None else None,
-        ]
-    )
+    fields = [
+        example.id,
+        example.text,
+        example.text_pair,
+        example.label,
+        list(example.rationale) if example.rationale is not None else None,
+        batch.input_ids_BN[row, :length].tolist(),
+        types[row, :length].tolist() if types is not None else None,
+    ]
+    # The foil joins the key only when set, so that examples without one keep their old keys.
+    return digest(fields if example.foil is None else [*fields, {"foil": example.foil}])
 
 
 def _encode(payload: dict[str, Any]) -> str:

@@ -25,7 +25,7 @@ from attrib_bench.data.batches import contentless_ids, make_batches
 from attrib_bench.data.load import LoadedData, load_examples
 from attrib_bench.data.rationales import rationale_words_lost
 from attrib_bench.model.load import LoadedModel, load_model
-from attrib_bench.model.trace import Trace, trace_batch
+from attrib_bench.model.trace import Trace, default_target_position, trace_batch
 from attrib_bench.results import build_result
 from attrib_bench.runner.memory import PeakMemory, standalone_megabytes
 
@@ -53,7 +53,8 @@ class RunConfig:
     batch_size: int = 16
     device: str = "auto"
     plugins: list[str] = field(default_factory=list)
-    #: The attribution target (attrib_bench.core.target): which token's row, which score.
+    #: The attribution target (attrib_bench.core.target): which token's row, which score;
+    #: ``position=auto`` (the default) is the model family's own.
     target: str = str(DEFAULT_TARGET)
 
     def to_dict(self) -> dict[str, Any]:
@@ -103,7 +104,9 @@ class Prepared:
     max_length: int
     #: Ids of examples with no content token (see attrib_bench.data.batches.contentless_ids).
     contentless: list[str] = field(default_factory=list)
-    #: The run's attribution target, parsed from ``RunConfig.target``.
+    #: The run's attribution target, parsed from ``RunConfig.target`` and resolved for the
+    #: model (``position=auto`` -> the family's ``target_position``): what the traces, the
+    #: result's ``target`` record and the cache keys see.
     target: Target = DEFAULT_TARGET
 
 
@@ -143,7 +146,9 @@ def prepare(config: RunConfig, quiet: bool = False) -> Prepared:
         config.label_column,
         config.limit,
     )
+    target.check_examples(data.examples)
     loaded = resolve_model(config.model, config.device, quiet, registry.architecture_specs())
+    target = target.resolved(default_target_position(loaded))
     max_length = loaded.max_length
     if config.max_length is not None:
         if config.max_length < 3:
@@ -206,6 +211,9 @@ def attribution_stream(
             start = time.perf_counter()
             trace = trace_batch(prepared.loaded, batch, requires, seed, fields, prepared.target)
             trace_seconds = time.perf_counter() - start
+            # A missing label or foil, or a foil equal to its class, stops the run here with
+            # one line, not in whichever method or evaluator reads the target first.
+            _ = trace.target_foils_B  # also computes (and checks) the target classes
             results: dict[str, Attribution] = {}
             for method in todo:
                 _attribute(method, trace, trace_seconds, results)

@@ -10,6 +10,8 @@ raise one ConformanceError listing every problem with what to fix.
 Traces capture the built-in fields and those plugins register (the installed plugins', plus any
 passed as ``fields``); an attributor's ``needs`` are applied as the runner applies them: a family
 that does not offer them is skipped (and named in the report), none offering them is a problem.
+Attributors are checked under every kind of attribution target a run can choose (``TARGETS``),
+since a method that reads the target position or the score must stay valid under each.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 from attrib_bench.core.architecture_spec import needs_problem
 from attrib_bench.core.interfaces import KINDS, Attribution, Batch, EvalContext, Example
 from attrib_bench.core.registry import load_registry
+from attrib_bench.core.target import DEFAULT_TARGET, Target
 from attrib_bench.core.trace_fields import TRACE_FIELDS, TraceField
 from attrib_bench.data.batches import make_batches
 from attrib_bench.model.load import LoadedModel, load_model
@@ -61,6 +64,13 @@ EXAMPLES = tuple(
     )
     for index, (text, decisive) in enumerate(_SENTENCES)
 )
+
+
+#: The targets check_attributor runs each attributor under: the default (the family's position,
+#: the predicted class's logit), each example's last real token, and the predicted class's
+#: logit minus the runner-up's. Rows need not change with the target (not every method reads
+#: it), but must pass every check under each.
+TARGETS = (DEFAULT_TARGET, Target(position="last"), Target(score="contrastive"))
 
 
 class ConformanceError(AssertionError):
@@ -172,12 +182,14 @@ def _reference(trace: Trace) -> Attribution:
 
 @dataclass
 class AttributorReport:
-    """What check_attributor saw: per family, per kind, the shape (B, L, N) of a padded batch;
-    ``skipped``: the families whose architecture the attributor's ``needs`` rule out, and why."""
+    """What check_attributor saw: per family, per kind, the shape (B, L, N) of a padded batch
+    under the default target; ``skipped``: the families whose architecture the attributor's
+    ``needs`` rule out, and why; ``targets``: the targets it was checked under."""
 
     name: str
     shapes: dict[str, dict[str, tuple[int, ...]]]
     skipped: dict[str, str] = field(default_factory=dict)
+    targets: tuple[str, ...] = tuple(str(target) for target in TARGETS)
 
 
 @dataclass
@@ -205,9 +217,11 @@ def check_attributor(
     own check (Attribution.problem), traced with only what ``requires`` declares; no example's
     rows are all zero; each example alone gets the rows it gets in a padded batch of all
     (relative 1e-4, absolute 1e-5 of the row's largest score: float32 rounding); two calls
-    with ``seed`` give identical rows. A family whose architecture does not offer what
-    ``needs`` declares is skipped, as the runner skips it (``report.skipped``); a problem when
-    no family offers it.
+    with ``seed`` give identical rows. All of it under each of ``TARGETS`` (the default,
+    ``position=last``, ``score=contrastive``): the other two are checked once the default
+    passes, and their problems are named by the target. A family whose architecture does not
+    offer what ``needs`` declares is skipped, as the runner skips it (``report.skipped``); a
+    problem when no family offers it.
     """
     known, problems = _trace_fields(fields)
     _raise(obj, [("", message) for message in problems + _attributor_interface(obj, known)])
@@ -482,10 +496,11 @@ def _trace(
     requires: Any,
     seed: int,
     fields: Mapping[str, TraceField],
+    target: Target = DEFAULT_TARGET,
 ) -> Trace:
     """The trace of ``items`` with ``requires``; a field that cannot be captured is unusable."""
     try:
-        return trace_batch(loaded, _batch(loaded, items), requires, seed, fields)
+        return trace_batch(loaded, _batch(loaded, items), requires, seed, fields, target)
     except Exception as error:
         raise _Unusable(
             f"tracing {sorted(requires)} raised {type(error).__name__}: {error}"
@@ -495,14 +510,42 @@ def _trace(
 def _attributor_problems(
     obj: Any, loaded: LoadedModel, seed: int, fields: Mapping[str, TraceField]
 ) -> tuple[dict[str, tuple[int, ...]], list[str]]:
-    """The shapes of ``obj``'s rows for a padded batch, and its problems on ``loaded``.
+    """The shapes of ``obj``'s rows for a padded batch under the default target, and its
+    problems on ``loaded`` under each of ``TARGETS``.
+
+    The other targets are checked only when the default passes: its problems come first, and
+    fixing them usually fixes the rest, so a broken method gets each problem once.
+    """
+    default, *others = TARGETS
+    shapes, problems = _target_problems(obj, loaded, seed, fields, default)
+    if problems:
+        return shapes, problems
+    for target in others:
+        where = f"under --target {target}"
+        try:
+            _, found = _target_problems(obj, loaded, seed, fields, target)
+        except _Unusable as error:
+            found = [str(error)]
+        problems += [f"{where}: {message}" for message in found]
+    return shapes, problems
+
+
+def _target_problems(
+    obj: Any,
+    loaded: LoadedModel,
+    seed: int,
+    fields: Mapping[str, TraceField],
+    target: Target,
+) -> tuple[dict[str, tuple[int, ...]], list[str]]:
+    """The shapes of ``obj``'s rows for a padded batch, and its problems on ``loaded`` under
+    ``target``.
 
     Traced with only ``obj.requires``, as when it runs alone: a field read without being
     declared fails here, not in a user's run.
     """
 
     def attribute(items: Sequence[Example]) -> tuple[Batch, Attribution]:
-        trace = _trace(loaded, items, obj.requires, seed, fields)
+        trace = _trace(loaded, items, obj.requires, seed, fields, target)
         return trace.batch, _attribute(obj, trace)
 
     together, again = attribute(EXAMPLES), attribute(EXAMPLES)

@@ -14,6 +14,13 @@ code's conventions: for token i of one post-LN layer, with f^h(x_j) = (x_j W_V^h
 with u1_i, u2_i the real pre-LayerNorm vectors (the FFN enters only through var(u2_i); beta1,
 beta2 dropped).
 
+A pre-LN block (GPT-2, LLaMA: docs/attention-family-pre-ln.md) reads N1(x_j) in f^h (the
+captured values are already N1-applied) and keeps x_i as the residual; N-ResLN goes through
+the first norm reading u1_i, N2 (g1 below is then N2's map), and N-Enc through the norm that
+reads the block's output x'_i (the next block's N1, the final norm after the last block),
+applied to r_ij directly: the second residual carries u1_i itself. RMSNorm maps do not centre.
+With grouped-query attention, query head h reads the values of key/value head h // (H / H_kv).
+
 How it is computed: every vector above is a linear map m applied to z_ij (plus x_i on the
 diagonal), and m(z_ij) = sum_h alpha^h_ij m(f^h(x_j)). So off the diagonal
 ||m(z_ij)||^2 = alpha_ij^T G_j alpha_ij with the per-key Gram matrix G_j[h, g] =
@@ -33,12 +40,14 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
+    from attrib_bench.model.architectures import LayerNormParams
     from attrib_bench.model.trace import Trace
 
 #: The trace fields the decomposition reads: a norm variant built on it declares these.
 REQUIRES = frozenset({"attentions", "hidden_states", "values", "pre_layernorm"})
-#: The decomposition above is that of a post-LN block with LayerNorms and one value head per head.
-NEEDS = {"block": "post-ln", "norm": "layernorm", "qkv": "separate", "heads": "multi-head"}
+#: The capabilities the decomposition needs: none, as it serves post- and pre-LN blocks,
+#: LayerNorm and RMSNorm, separate and fused Q/K/V, one or grouped key/value heads, any mask.
+NEEDS: dict[str, str] = {}
 #: The per-layer matrices ``layer_norms`` returns, by the names of the built-in methods.
 VARIANTS = ("norm", "norm-res", "norm-resln", "globenc")
 
@@ -47,44 +56,71 @@ def _centered(v: torch.Tensor) -> torch.Tensor:
     return v - v.mean(dim=-1, keepdim=True)
 
 
-def _inverse_std(u_BND: torch.Tensor, eps: float) -> torch.Tensor:
-    """1 / sqrt(var(u_i) + eps) with the biased variance torch's LayerNorm uses; (B, N, 1)."""
-    return torch.rsqrt(u_BND.var(dim=-1, unbiased=False, keepdim=True) + eps)
+def _inverse_std(u_BND: torch.Tensor, norm: LayerNormParams) -> torch.Tensor:
+    """1 / sqrt(var(u_i) + eps) with the biased variance torch's LayerNorm uses, or for an
+    RMSNorm 1 / sqrt(mean(u_i ** 2) + eps); (B, N, 1)."""
+    if not norm.centred:
+        return torch.rsqrt(u_BND.pow(2).mean(dim=-1, keepdim=True) + norm.eps)
+    return torch.rsqrt(u_BND.var(dim=-1, unbiased=False, keepdim=True) + norm.eps)
 
 
 @dataclass
 class LayerInputs:
-    """What one layer's decomposition reads, prepared once per layer."""
+    """What one layer's decomposition reads, prepared once per layer.
+
+    g1 is the map of the first norm reading u1_i (post-LN: LN1; pre-LN: N2), g2 that of the
+    norm N-Enc ends in (post-LN: LN2, after g1; pre-LN: the norm reading the block's output,
+    on r directly), each with the frozen scale of its real input.
+    """
 
     x_BND: torch.Tensor
-    transformed_BHKD: torch.Tensor  # f^h(x_k) for every head and key token
+    transformed_BHKD: torch.Tensor  # f^h(x_k) for every query head and key token
     attention_BHNK: torch.Tensor
     scale1_BN1: torch.Tensor
     scale2_BN1: torch.Tensor
-    gamma1_D: torch.Tensor
-    gamma2_D: torch.Tensor
+    norm1: LayerNormParams
+    norm2: LayerNormParams
+    post_ln: bool
 
     def ln1_map(self, v: torch.Tensor) -> torch.Tensor:
-        """The numerator of g1: gamma1 * (v - mean(v)); g1_i(v) = ln1_map(v) * scale1_i."""
-        return self.gamma1_D * _centered(v)
+        """The numerator of g1: gamma1 * (v - mean(v)) (RMSNorm: gamma1 * v);
+        g1_i(v) = ln1_map(v) * scale1_i."""
+        return _numerator(self.norm1, v)
 
     def enc_map(self, v: torch.Tensor) -> torch.Tensor:
-        """The numerator of the LN2-decomposed vector; e_i(v) = enc_map(v) * scale1_i * scale2_i."""
-        return self.gamma2_D * _centered(self.ln1_map(v))
+        """The numerator of the N-Enc vector; e_i(v) = enc_map(v) * enc_scale_i."""
+        return _numerator(self.norm2, self.ln1_map(v) if self.post_ln else v)
+
+    def enc_scale(self) -> torch.Tensor:
+        """The scale of the N-Enc vector in float64: scale1 * scale2 post-LN, scale2 pre-LN."""
+        scale2_BN1 = self.scale2_BN1.double()
+        return self.scale1_BN1.double() * scale2_BN1 if self.post_ln else scale2_BN1
+
+
+def _numerator(norm: LayerNormParams, v: torch.Tensor) -> torch.Tensor:
+    return norm.weight_D * (_centered(v) if norm.centred else v)
 
 
 def layer_inputs(trace: Trace, layer: int) -> LayerInputs:
     """What layer ``layer``'s decomposition reads, from the trace and the layer's parameters."""
-    params = trace.adapter.layer_params(layer)
-    values_BKHE = trace.values[layer].unflatten(-1, (params.num_heads, params.head_dim))
+    adapter = trace.adapter
+    params = adapter.layer_params(layer)
+    values_BKHE = adapter.query_head_values(trace.values[layer])
+    if adapter.spec.block == "post-ln":
+        norm1, input1 = params.ln1, trace.pre_ln1[layer]
+        norm2, input2 = params.ln2, trace.pre_ln2[layer]
+    else:
+        norm1, input1 = params.ln2, trace.pre_ln2[layer]
+        norm2, input2 = adapter.output_norm(layer), trace.hidden_states[layer + 1]
     return LayerInputs(
         x_BND=trace.hidden_states[layer],
         transformed_BHKD=torch.einsum("bkhe,hed->bhkd", values_BKHE, params.output_weight_HED),
         attention_BHNK=trace.attentions[layer],
-        scale1_BN1=_inverse_std(trace.pre_ln1[layer], params.ln1.eps),
-        scale2_BN1=_inverse_std(trace.pre_ln2[layer], params.ln2.eps),
-        gamma1_D=params.ln1.weight_D,
-        gamma2_D=params.ln2.weight_D,
+        scale1_BN1=_inverse_std(input1, norm1),
+        scale2_BN1=_inverse_std(input2, norm2),
+        norm1=norm1,
+        norm2=norm2,
+        post_ln=adapter.spec.block == "post-ln",
     )
 
 
@@ -98,7 +134,7 @@ def decompose(inputs: LayerInputs) -> dict[str, torch.Tensor]:
     own = torch.arange(z_BNKD.shape[1], device=z_BNKD.device)
     r_BNKD[:, own, own] += inputs.x_BND  # the residual, on the diagonal only
     y_BNKD = inputs.ln1_map(r_BNKD) * inputs.scale1_BN1[:, :, None]
-    e_BNKD = inputs.enc_map(r_BNKD) * (inputs.scale1_BN1 * inputs.scale2_BN1)[:, :, None]
+    e_BNKD = inputs.enc_map(r_BNKD) * inputs.enc_scale().to(r_BNKD.dtype)[:, :, None]
     return {"z": z_BNKD, "r": r_BNKD, "y": y_BNKD, "e": e_BNKD}
 
 
@@ -123,7 +159,7 @@ def layer_norms(trace: Trace, layer: int) -> dict[str, torch.Tensor]:
     inputs = layer_inputs(trace, layer)
     dtype = inputs.x_BND.dtype
     scale1_BN1 = inputs.scale1_BN1.double()
-    scale12_BN1 = scale1_BN1 * inputs.scale2_BN1.double()
+    scale12_BN1 = inputs.enc_scale()
     diagonal_BHN = inputs.attention_BHNK.diagonal(dim1=-2, dim2=-1)
     own_BND = torch.einsum("bhn,bhnd->bnd", diagonal_BHN, inputs.transformed_BHKD) + inputs.x_BND
     attention_BKNH = inputs.attention_BHNK.double().permute(0, 3, 2, 1).contiguous()

@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # model.load imports transformers: `attrib-bench list` should
 def hidden_states_from(loaded: LoadedModel, x_ND: torch.Tensor, layers: int) -> torch.Tensor:
     """e^layers for one unpadded example, running the encoder layers on its embedding output."""
     hidden = x_ND[None]
-    for module in loaded.adapter.layers[:layers]:
+    for module in loaded.adapter.layer_sequence[:layers]:
         out = module(hidden)
         hidden = out[0] if isinstance(out, tuple) else out
     return hidden[0]
@@ -42,7 +42,7 @@ def contributions(
     Rows sum to 1. Frobenius works one target at a time so that a Jacobian never exceeds
     d x n x d numbers.
     """
-    layers = len(loaded.adapter.layers)
+    layers = len(loaded.adapter.layer_sequence)
     x_ND = x_ND.detach()
     index = torch.tensor(list(targets), device=x_ND.device)
     rows = []

