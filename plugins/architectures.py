@@ -9,11 +9,12 @@ output, the first layer's input, as for ELECTRA's projected embeddings).
 
 The decoders (docs/attention-family-pre-ln.md) are pre-LN and causal, and explain each
 example's last real token by default, as their language-model and classification heads read
-it; ``model.base_model`` is the same under both heads. GPT-2: LayerNorms, one fused ``c_attn``
-Conv1D for Q/K/V, absolute positions added to the token embeddings (``drop`` is the module
-returning their sum, the first block's input). LLaMA, Mistral and Qwen2 share one layout:
-RMSNorms, separate projections (value biases in Qwen2 only), rotary positions, and key/value
-heads as the model's config sets them (grouped-query when fewer than the query heads).
+it; ``model.base_model`` is the same under both heads, and ``embeddings`` is the token
+embedding module under both (what ``LoadedModel.embeddings`` takes for a language model).
+GPT-2: LayerNorms, one fused ``c_attn`` Conv1D for Q/K/V, absolute positions added to the token
+embeddings in its forward (``hidden_states[0]`` is their sum). LLaMA, Mistral and Qwen2 share
+one layout: RMSNorms, separate projections (value biases in Qwen2 only), rotary positions, and
+key/value heads as the model's config sets them (grouped-query when fewer than query heads).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def attrib_bench_architectures() -> list:
         ),
         ArchitectureSpec(
             model_types=("gpt2",),
-            embeddings="drop",
+            embeddings="wte",
             layers="h",
             value="attn.c_attn",
             attention_output="attn.c_proj",

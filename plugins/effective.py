@@ -15,6 +15,11 @@ batched over the heads of all same-length examples.
 Rolled out like raw attention (``attrib_bench.toolkit.attention_family``), with
 (1 - r) A_eff + r I for ``residual=r`` > 0: the rows of A_eff do not sum to 1 (they may be
 near 0 or negative), so they are not renormalised first.
+
+V_h is whatever the value projection produced, so pre-LN blocks and fused projections are
+served as they are; with grouped-query attention V_h is the values of head h's key/value head.
+Causal masks are not: the projector onto T_h's column space spreads row i over tokens after i,
+which row i never saw (the causal analogue would project row i onto the rows up to i only).
 """
 
 from __future__ import annotations
@@ -44,8 +49,7 @@ def column_space_projector(matrices_XNE: torch.Tensor, width: int, eps: float) -
 def effective_attention(trace: Trace, layer: int) -> torch.Tensor:
     """A_eff for every head of one layer, (B, H, N, N), zero outside each example's real block."""
     attention_BHNK = trace.attentions[layer]
-    heads = attention_BHNK.shape[1]
-    values_BNHE = trace.values[layer].unflatten(-1, (heads, -1))
+    values_BNHE = trace.adapter.query_head_values(trace.values[layer])
     output_weight_HED = trace.adapter.layer_params(layer).output_weight_HED.double()
     factor_HEE = torch.linalg.qr(output_weight_HED.transpose(-1, -2)).R
     width = output_weight_HED.shape[-1]
@@ -68,8 +72,8 @@ class EffectiveAttention(AttentionFamily):
     name = "effective-attention"
     description = "Effective attention (Brunner et al. 2020): attention minus its null-space part"
     requires = frozenset({"attentions", "values"})
-    #: T_h = V_h W_O^h reads each head's own value projection; where the norm sits is immaterial.
-    needs = {"qkv": "separate", "heads": "multi-head"}
+    #: The left null space of T_h is taken over all tokens, as a bidirectional layer reads them.
+    needs = {"mask": "bidirectional"}
 
     def layer_matrices(self, trace: Trace) -> list[torch.Tensor]:
         return trace.memo(

@@ -33,12 +33,16 @@ Conventions, stated because results depend on them:
 - Candidates: the example's real tokens except special tokens ([CLS], [SEP], <s>, </s>), which are
   never removed. k = ceil(ratio * n) over the n candidates (so every ratio above 0 removes at
   least one token). The top k are the k highest scores; ties go to the earlier position.
-- Removal (``removal=``): ``mask`` replaces the token by [MASK] (DecompX; the default), ``pad`` by
+- Removal (``removal=``): ``mask`` replaces the token by [MASK] (DecompX), ``pad`` by
   [PAD] (with attention kept: the [PAD] embedding as a baseline), ``zero`` sets the token's
-  embedding output to the zero vector, ``delete`` drops the token and re-packs the sequence.
+  embedding output (``LoadedModel.embeddings``) to the zero vector, ``delete`` drops the token
+  and re-packs the sequence. ``auto`` (the default) is ``mask`` where the tokenizer has a mask
+  token (the encoders) and ``delete`` where it has none (decoders: see ``resolve_removal``).
   The first three keep every token where it was: they pass the unmodified input's position ids,
   since RoBERTa-family models would otherwise renumber the tokens after a [PAD]. ``delete`` is a
-  genuine deletion: the model numbers the re-packed sequence itself.
+  genuine deletion: the model numbers the re-packed sequence itself. A language model is read
+  at the target position: the original one where tokens stay in place, the re-packed input's
+  own (its last real token under ``position=last``) after ``delete``.
 - Cost: all (ratio, example) variants of a batch run as a few batched forward passes of at most
   ``chunk_tokens`` tokens each. Predictions are cached per batch by the tokens an erasure
   removes, so another bin, evaluator or method erasing the same tokens of an example costs no
@@ -57,7 +61,7 @@ import attrib_bench
 from attrib_bench import Attribution, Configurable, EvalContext, Trace, UsageError
 from attrib_bench.toolkit.ranking import erasure_mask, scored_row
 
-REMOVALS = ("mask", "pad", "zero", "delete")
+REMOVALS = ("auto", "mask", "pad", "zero", "delete")
 AOPC_RATIOS = "0.1/0.2/0.3/0.4/0.5/0.6/0.7/0.8/0.9"
 CURVE_RATIOS = "0/0.1/0.2/0.3/0.4/0.5/0.6/0.7/0.8/0.9/1"
 #: Where erased predictions are kept within one batch's trace, shared by every evaluator here.
@@ -75,13 +79,30 @@ def parse_ratios(text: str) -> tuple[float, ...]:
     return ratios
 
 
+def resolve_removal(removal: str, tokenizer) -> str:
+    """``auto``: ``mask`` with a tokenizer that has a mask token (the encoders), else ``delete``
+    (decoders have none): a causal LM reads the shortened prefix as text, where a pad (EOS)
+    token or a zero vector inside it is an input it never saw."""
+    has_mask = tokenizer.mask_token_id is not None
+    if removal == "auto":
+        return "mask" if has_mask else "delete"
+    if removal == "mask" and not has_mask:
+        raise UsageError(
+            "removal=mask needs a tokenizer with a mask token; use removal=auto, pad, zero "
+            "or delete"
+        )
+    return removal
+
+
 def erase(
     inputs: dict[str, torch.Tensor], erase_VN: torch.Tensor, removal: str, tokenizer
 ) -> dict[str, torch.Tensor]:
     """Model inputs with the marked tokens erased (``zero`` is applied by a hook instead).
 
     Replacements keep the other inputs, ``position_ids`` included; ``delete`` re-packs the
-    sequence and leaves its positions to the model.
+    sequence and leaves its positions to the model. An input with every token deleted (a
+    decoder's has no special token to keep) is the empty context, which a language model reads
+    as its start token alone: BOS, or the pad token for a tokenizer without one.
     """
     ids = inputs["input_ids"]
     if removal in ("mask", "pad"):
@@ -91,32 +112,44 @@ def erase(
         return inputs
     kept_VN = inputs["attention_mask"].bool() & ~erase_VN
     order = torch.sort((~kept_VN).to(torch.int32), dim=1, stable=True).indices  # kept first
-    length = int(kept_VN.sum(dim=1).max())
+    length = max(1, int(kept_VN.sum(dim=1).max()))
     kept = kept_VN.gather(1, order)[:, :length]
-    out = {
-        "input_ids": torch.where(kept, ids.gather(1, order)[:, :length], tokenizer.pad_token_id),
-        "attention_mask": kept.to(inputs["attention_mask"].dtype),
-    }
+    ids = torch.where(kept, ids.gather(1, order)[:, :length], tokenizer.pad_token_id)
+    empty_V = ~kept.any(dim=1)
+    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.pad_token_id
+    ids[empty_V, 0] = start
+    kept[empty_V, 0] = True
+    out = {"input_ids": ids, "attention_mask": kept.to(inputs["attention_mask"].dtype)}
     if "token_type_ids" in inputs:
         types = inputs["token_type_ids"].gather(1, order)[:, :length]
         out["token_type_ids"] = torch.where(kept, types, 0)
     return out
 
 
-def _forward(trace: Trace, inputs: dict, erase_VN: torch.Tensor, removal: str) -> torch.Tensor:
-    """Log-probabilities of the erased variants, (V, C) in float64."""
+def _forward(
+    trace: Trace, inputs: dict, erase_VN: torch.Tensor, removal: str, positions_V: torch.Tensor
+) -> torch.Tensor:
+    """Log-probabilities of the erased variants, (V, C) in float64, a language model's at the
+    target position: ``positions_V`` (each variant's example's) where tokens stay in place, the
+    target token of the re-packed input for ``delete``."""
+    from attrib_bench.model.load import target_logits  # transformers: not at `list` time
+
     handle = None
     if removal == "zero":
         keep_VN1 = (~erase_VN)[..., None]
-        handle = trace.adapter.embeddings.register_forward_hook(
+        handle = trace.loaded.embeddings.register_forward_hook(
             lambda _module, _args, output: output * keep_VN1.to(output.dtype)
         )
+    erased = erase(inputs, erase_VN, removal, trace.loaded.tokenizer)
+    if removal == "delete":
+        positions_V = trace.target.positions(erased["attention_mask"])
     try:
         with torch.no_grad():
-            logits = trace.model(**erase(inputs, erase_VN, removal, trace.loaded.tokenizer)).logits
+            logits = trace.model(**erased).logits
     finally:
         if handle is not None:
             handle.remove()
+    logits = target_logits(trace.loaded, logits, positions_V)
     return torch.log_softmax(logits.double(), dim=-1)
 
 
@@ -128,7 +161,7 @@ class Erasure(Configurable, ABC):
     higher_is_better = True
     #: "remove" erases the top k; "keep" erases everything but the top k.
     mode = "remove"
-    parameters = {"ratios": AOPC_RATIOS, "removal": "mask", "layer": -1, "chunk_tokens": 8192}
+    parameters = {"ratios": AOPC_RATIOS, "removal": "auto", "layer": -1, "chunk_tokens": 8192}
     choices = {"removal": REMOVALS}
 
     def validate(self) -> None:
@@ -142,9 +175,7 @@ class Erasure(Configurable, ABC):
         """Log-probabilities after erasure at every ratio: (R, B, C), NaN for unscoreable rows."""
         trace, batch = context.trace, context.trace.batch
         ratios = parse_ratios(self.params["ratios"])
-        removal = self.params["removal"]
-        if removal == "mask" and trace.loaded.tokenizer.mask_token_id is None:
-            raise UsageError("removal=mask needs a tokenizer with a mask token; use removal=pad")
+        removal = resolve_removal(self.params["removal"], trace.loaded.tokenizer)
         scores_BN = scored_row(attribution, self.params["layer"]).detach().double().cpu().numpy()
         candidates_BN = (
             (batch.attention_mask_BN.bool() & ~batch.special_tokens_mask_BN.bool()).cpu().numpy()
@@ -162,7 +193,7 @@ class Erasure(Configurable, ABC):
         cache = trace.shared.setdefault(CACHE_KEY, {})
         todo = {key: where for where, key in keys.items() if key not in cache}
         if todo:
-            self._run(trace, erase_RBN, todo, cache)
+            self._run(trace, removal, erase_RBN, todo, cache)
         out_RBC = np.repeat(
             torch.log_softmax(trace.logits_BC.double(), dim=-1).cpu().numpy()[None],
             len(ratios),
@@ -173,11 +204,15 @@ class Erasure(Configurable, ABC):
         out_RBC[:, ~scoreable_B] = np.nan
         return out_RBC
 
-    def _run(self, trace: Trace, erase_RBN: np.ndarray, todo: dict, cache: dict) -> None:
+    def _run(
+        self, trace: Trace, removal: str, erase_RBN: np.ndarray, todo: dict, cache: dict
+    ) -> None:
         """Batched passes of at most ``chunk_tokens`` tokens over the variants in ``todo``."""
         batch = trace.batch
-        positions_BN = trace.adapter.position_ids(batch.input_ids_BN)
-        inputs = {**batch.model_inputs(), "position_ids": positions_BN}
+        inputs = batch.model_inputs()
+        positions_BN = trace.loaded.position_ids(batch.input_ids_BN)
+        if positions_BN is not None:
+            inputs["position_ids"] = positions_BN
         erase_RBN = torch.as_tensor(erase_RBN, device=batch.input_ids_BN.device)
         variants = list(todo.items())  # (cache key, (ratio, example))
         step = max(1, self.params["chunk_tokens"] // batch.input_ids_BN.shape[1])
@@ -187,7 +222,8 @@ class Erasure(Configurable, ABC):
             example_index = torch.tensor([int(b) for _, (_, b) in chunk])
             variant_inputs = {name: t[example_index] for name, t in inputs.items()}
             erase_VN = erase_RBN[ratio_index, example_index]
-            log_probs = _forward(trace, variant_inputs, erase_VN, self.params["removal"])
+            positions_V = trace.target_positions_B[example_index]
+            log_probs = _forward(trace, variant_inputs, erase_VN, removal, positions_V)
             for (key, _), values in zip(chunk, log_probs.cpu().numpy(), strict=True):
                 cache[key] = values
 

@@ -1,18 +1,23 @@
 """Gradient methods at the embedding output, through Captum (../shared/specs/evaluation.md).
 
-The attribution is taken at the output of the embedding module (``hidden_states[0]``: after
-the embedding LayerNorm) for the run's target score (attrib_bench.core.target: by default the logit
-of the predicted class; under ``score=contrastive`` the logit of ``class=`` minus that of its
-foil, per example; ``target=predicted|gold`` on the method overrides it with that class's
+The attribution is taken at the output of the embedding module (``LoadedModel.embeddings``: an
+encoder family's ``hidden_states[0]``, after the embedding LayerNorm; the token embeddings,
+``get_input_embeddings()``, for a decoder language model, with or without an adapter, and for
+any model without one) for the run's target score (attrib_bench.core.target: by default the
+logit of the predicted class; under ``score=contrastive`` the logit of ``class=`` minus that of
+its foil, per example; ``target=predicted|gold`` on the method overrides it with that class's
 logit), and reduced per token by the L2 norm over the hidden dimension (``reduce=sum``: signed
 sum). A contrastive score (two logits' difference) is no single output Captum could select, so
-the forward function then returns the score itself.
+the forward function then returns the score itself. A language model's logits are read at each
+example's target position (``target_logits``). Nothing but the model's own forward pass is
+needed, so these methods run on any Hugging Face classifier or causal language model.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,19 +25,31 @@ import attrib_bench
 from attrib_bench import Attribution, Configurable, Trace, UsageError
 from attrib_bench.core.target import target_score
 
+if TYPE_CHECKING:  # model.load imports transformers, which `attrib-bench list` does without
+    from attrib_bench.model.load import LoadedModel
 
-def _forward(model: torch.nn.Module) -> Callable[..., torch.Tensor]:
-    """Logits, or with ``foils`` the contrastive score (Captum expands every argument per step)."""
+
+def _forward(loaded: LoadedModel) -> Callable[..., torch.Tensor]:
+    """The target logits (B, C), or with ``foils`` the contrastive score (Captum expands every
+    argument per step: the target positions too)."""
+    from attrib_bench.model.load import target_logits
 
     def forward(
-        input_ids, attention_mask, token_type_ids=None, position_ids=None, classes=None, foils=None
+        input_ids,
+        attention_mask,
+        positions,
+        token_type_ids=None,
+        position_ids=None,
+        classes=None,
+        foils=None,
     ):
-        logits = model(
+        optional = {"token_type_ids": token_type_ids, "position_ids": position_ids}
+        out = loaded.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-        ).logits
+            **{name: value for name, value in optional.items() if value is not None},
+        )
+        logits = target_logits(loaded, out.logits, positions)
         return logits if foils is None else target_score(logits, classes, foils)
 
     return forward
@@ -59,7 +76,12 @@ def _captum_arguments(
 ) -> dict:
     """Captum's ``target`` and ``additional_forward_args`` for the explained score."""
     batch = trace.batch
-    args = (batch.attention_mask_BN, batch.token_type_ids_BN, position_ids)
+    args = (
+        batch.attention_mask_BN,
+        trace.target_positions_B,
+        batch.token_type_ids_BN,
+        position_ids,
+    )
     if foils_B is None:
         return {"target": classes_B, "additional_forward_args": args}
     return {"target": None, "additional_forward_args": (*args, classes_B, foils_B)}
@@ -101,8 +123,8 @@ class Saliency(_EmbeddingGradient):
         from captum.attr import LayerGradientXActivation  # captum imports matplotlib: 0.6 s
 
         method = LayerGradientXActivation(
-            _forward(trace.model),
-            trace.adapter.embeddings,
+            _forward(trace.loaded),
+            trace.loaded.embeddings,
             multiply_by_inputs=self.multiply_by_inputs,
         )
         return method.attribute(
@@ -145,12 +167,12 @@ class IntegratedGradients(_EmbeddingGradient):
         )
         from captum.attr import LayerIntegratedGradients
 
-        method = LayerIntegratedGradients(_forward(trace.model), trace.adapter.embeddings)
+        method = LayerIntegratedGradients(_forward(trace.loaded), trace.loaded.embeddings)
         return method.attribute(
             batch.input_ids_BN,
             baselines=baseline,
             **_captum_arguments(
-                trace, classes_B, foils_B, trace.adapter.position_ids(batch.input_ids_BN)
+                trace, classes_B, foils_B, trace.loaded.position_ids(batch.input_ids_BN)
             ),
             n_steps=self.params["steps"],
             internal_batch_size=self.params["internal_batch_size"],

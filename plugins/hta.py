@@ -26,6 +26,8 @@ class HiddenTokenAttribution(Configurable):
     name = "hta"
     description = "Hidden-token attribution (Brunner et al. 2020): Jacobian-norm share per layer"
     requires = frozenset({"hidden_states"})
+    #: It runs the layers one by one through the adapter: any family with a spec will do.
+    needs: dict[str, str] = {}
     #: d backward passes per layer and example: seconds per example on a CPU; select it by name.
     in_default_run = False
     parameters = {"norm": "frobenius", "chunk_size": 256}

@@ -1,8 +1,9 @@
 """Norm-based attribution (Kobayashi et al. 2020, 2021) and GlobEnc (Modarressi et al. 2022).
 
 The per-layer matrices N, N-Res, N-ResLN and N-Enc (GlobEnc) and GlobEnc's mixing ratio come
-from ``attrib_bench.toolkit.norm_decomposition`` (../shared/specs/attention-family.md), computed
-once per batch for the whole family. Rollout of N, N-Res, N-ResLN and N-Enc uses no row
+from ``attrib_bench.toolkit.norm_decomposition`` (../shared/specs/attention-family.md for
+post-LN encoders, docs/attention-family-pre-ln.md for pre-LN decoders), computed once per batch
+for the whole family. Rollout of N, N-Res, N-ResLN and N-Enc uses no row
 normalisation and no identity (official GlobEnc code); ``normalize_rows=true`` rescales rows
 first.
 """
@@ -95,8 +96,12 @@ def attrib_bench_attributors() -> list:
     return [
         NormVariant("norm", "N (Kobayashi 2020): ||sum_h alpha f(x_j)||, rolled out unnormalised"),
         NormVariant("norm-res", "N-Res: norm-based with the residual on the diagonal"),
-        NormVariant("norm-resln", "N-ResLN: N-Res decomposed through LayerNorm 1"),
-        NormVariant("globenc", "GlobEnc / N-Enc (Modarressi 2022): through both LayerNorms"),
+        NormVariant(
+            "norm-resln", "N-ResLN: N-Res decomposed through the norm after the attention residual"
+        ),
+        NormVariant(
+            "globenc", "GlobEnc / N-Enc (Modarressi 2022): on to the norm reading the block output"
+        ),
         NormFixedResidual(),
         AttentionResidual(),
     ]

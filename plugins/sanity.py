@@ -15,6 +15,11 @@ the trained model's, so that only the model changes between the two attributions
 question asked of it. Methods without a target (the attention family, ``random``) and
 ``target=gold`` are unaffected.
 
+Tied weights (a language model whose head is its input embedding matrix, as SmolLM2's): the
+randomised copy is untied first (``untied_copy``), so step 1 re-initialises the head alone and
+the input embeddings stay trained at every step, as on an untied model. Re-initialising the
+shared matrix would randomise the input too, and step 1 would not be the head's step.
+
 Re-initialisation draws like BERT's own initialiser (Linear and Embedding weights from
 N(0, initializer_range), biases 0, LayerNorm weight 1 and bias 0) from a generator seeded by the
 run seed and the step, so every batch and method sees the same randomised models. Cost: the
@@ -50,6 +55,15 @@ def reinitialize(module: nn.Module, std: float, generator: torch.Generator) -> N
                 continue
             if getattr(sub, "bias", None) is not None:
                 sub.bias.zero_()
+
+
+def untied_copy(model: nn.Module) -> nn.Module:
+    """A deep copy whose output embeddings own their weights (a copy of the tied matrix)."""
+    copied = copy.deepcopy(model)
+    output = copied.get_output_embeddings()
+    if output is not None and output.weight is copied.get_input_embeddings().weight:
+        output.weight = nn.Parameter(output.weight.detach().clone())
+    return copied
 
 
 def cascade(model: nn.Module, layers: list[nn.Module]) -> list[list[nn.Module]]:
@@ -88,7 +102,7 @@ class ModelRandomization(Configurable):
             keep_BN &= ~batch.special_tokens_mask_BN.bool()
         keep_BN = keep_BN.cpu().numpy()
         trained_BN = scored_row(attribution, self.params["layer"]).detach().cpu().numpy()
-        model = copy.deepcopy(trace.loaded.model)
+        model = untied_copy(trace.loaded.model)
         loaded = dataclasses.replace(trace.loaded, model=model)
         layers = loaded.adapter.layers
         steps = cascade(model, layers)

@@ -300,7 +300,8 @@ def test_string_labels_are_mapped_or_refused(run_cli, tmp_path, tiny_bert):
 
 
 def test_unsupported_architecture(run_cli, tmp_path, tiny_bert):
-    """A model family without an adapter: named, with the supported ones, once a method needs it."""
+    """A model family without an adapter: gradient methods run on it; a method reading model
+    internals fails alone, with one line naming the model type and the supported ones."""
     from transformers import (
         AutoTokenizer,
         MegatronBertConfig,
@@ -317,16 +318,23 @@ def test_unsupported_architecture(run_cli, tmp_path, tiny_bert):
     )
     MegatronBertForSequenceClassification(config).save_pretrained(tmp_path / "megatron")
     tokenizer.save_pretrained(tmp_path / "megatron")
-    result = run_cli(
-        "attribute",
-        "--model",
-        tmp_path / "megatron",
-        "--limit",
-        "2",
-        "--attributors",
-        "saliency",
-        "--quiet",
-        "--output",
-        tmp_path / "x.jsonl",
+    for attributors, expected in (("saliency", 0), ("saliency,globenc", 3)):
+        code, _, err = run_cli(
+            "attribute",
+            "--model",
+            tmp_path / "megatron",
+            "--limit",
+            "2",
+            "--attributors",
+            attributors,
+            "--quiet",
+            "--output",
+            tmp_path / "x.jsonl",
+        )
+        assert code == expected, err
+    failure = " ".join(err.split())
+    assert failure.startswith(
+        "warning: globenc failed and is dropped: globenc cannot run on model type "
+        "'megatron-bert': it reads model internals, and no architecture adapter serves "
+        "'megatron-bert' (supported: albert, bert, camembert,"
     )
-    assert_usage_error(result, ["'megatron-bert'", "supported:", "bert", "roberta"])

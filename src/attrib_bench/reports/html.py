@@ -18,6 +18,7 @@ import numpy as np
 
 from attrib_bench.reports.attributions import reference_rows, token_rows
 from attrib_bench.reports.leaderboard import (
+    answer_columns,
     finite,
     heading,
     leaderboard_rows,
@@ -84,10 +85,14 @@ def heatmap_row(tokens: Sequence[str], row: Sequence[float]) -> str:
 
 
 def _leaderboard_html(result: Result, evaluator: str, kind: str) -> str:
+    answers = answer_columns(result)
     head = (
         "<tr><th>#</th><th>method</th><th>best (layer)</th><th>last layer</th>"
-        "<th>95% CI</th><th>n</th><th>s/ex</th><th>peak MB</th><th>status</th></tr>"
+        "<th>95% CI</th><th>n</th>"
+        + "".join(f"<th>{_escape(title)}</th>" for _, title in answers)
+        + "<th>s/ex</th><th>peak MB</th><th>status</th></tr>"
     )
+    keys = ("best", "last", "ci", "n", *(answer for answer, _ in answers), "seconds", "memory")
     body = []
     for rank, row in enumerate(leaderboard_rows(result, evaluator, kind), 1):
         failed = row["status"] != "ok"
@@ -95,10 +100,7 @@ def _leaderboard_html(result: Result, evaluator: str, kind: str) -> str:
         cells = [
             f'<td class="num">{rank}</td>',
             f"<td><code>{_escape(row['spec'])}</code></td>",
-            *(
-                f'<td class="num">{_escape(row.get(key, "-"))}</td>'
-                for key in ("best", "last", "ci", "n", "seconds", "memory")
-            ),
+            *(f'<td class="num">{_escape(row.get(key, "-"))}</td>' for key in keys),
             f"<td>{_escape(status)}</td>",
         ]
         body.append(f"<tr{' class=failed' if failed else ''}>{''.join(cells)}</tr>")

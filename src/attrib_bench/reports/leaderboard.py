@@ -59,8 +59,21 @@ def ranked(document: Results, evaluator: str, kind: str = "aggregated") -> list[
     return sorted(methods, key=lambda spec: -_goodness(methods[spec], evaluator, kind, sign))
 
 
+def answer_columns(result: Result) -> list[tuple[str, str]]:
+    """With ``model_right`` (next-token data): the columns of the last-layer mean over the
+    examples the model gets right and over the wrong ones, as (answer, heading with the count)."""
+    if result.model_right is None:
+        return []
+    right = sum(result.model_right)
+    return [
+        ("right", f"right (n={right})"),
+        ("wrong", f"wrong (n={len(result.model_right) - right})"),
+    ]
+
+
 def leaderboard_rows(document: Results, evaluator: str, kind: str) -> list[dict]:
-    """The terminal leaderboard's columns as data: best (layer), last, CI, n, cost, status."""
+    """The terminal leaderboard's columns as data: best (layer), last, CI, n, cost, status, and
+    with ``model_right`` the last layer over the right and the wrong examples."""
     result = as_result(document)
     rows = []
     for spec in ranked(result, evaluator, kind):
@@ -81,6 +94,8 @@ def leaderboard_rows(document: Results, evaluator: str, kind: str) -> list[dict]
             low, high = last.ci95
             row["ci"] = f"[{low:+.2f}, {high:+.2f}]" if finite(low) and finite(high) else "-"
             row["n"] = str(last.n)
+            for answer, _ in answer_columns(result):
+                row[answer] = _mean(method.answer_score(answer, evaluator, kind))
         seconds = method.seconds_per_example
         row["seconds"] = f"{seconds:.4f}" if finite(seconds) else "-"
         memory = method.peak_memory_mb
@@ -131,7 +146,9 @@ def _status(method: MethodResult, evaluator: str) -> str:
 def leaderboard(document: Results, evaluator: str, kind: str = "aggregated") -> Table:
     """Rows = methods, best last-layer score first; best layer and last layer with 95% CI.
 
-    Cost columns: seconds per example and peak memory (MB), both standalone.
+    Next-token runs add the last layer's mean over the examples the model gets right and, apart,
+    over those it gets wrong (``answer_columns``). Cost columns: seconds per example and peak
+    memory (MB), both standalone.
     """
     document = as_result(document)
     model = document.provenance["model"]
@@ -151,6 +168,9 @@ def leaderboard(document: Results, evaluator: str, kind: str = "aggregated") -> 
     table.add_column("best (layer)", justify="right", no_wrap=True)
     table.add_column("last layer", justify="right", no_wrap=True)
     table.add_column("95% CI", justify="right", no_wrap=True)
+    answers = answer_columns(document)
+    for _, title in answers:
+        table.add_column(title, justify="right", no_wrap=True)
     table.add_column("s/ex", justify="right", no_wrap=True)
     table.add_column("peak MB", justify="right", no_wrap=True)
     table.add_column("status")
@@ -165,12 +185,13 @@ def leaderboard(document: Results, evaluator: str, kind: str = "aggregated") -> 
         layers = layer_scores(method, evaluator, kind)
         seconds = method.seconds_per_example
         status = _status(method, evaluator)
-        row = ["-", "-", "-"]
+        row = ["-"] * (3 + len(answers))
         if layers:
             scored = [x for x in layers if not math.isnan(x.mean)]
             best = max(scored, key=lambda x: sign * x.mean) if scored else None
             best_text = _mean(best) + (f" ({best.layer})" if best and len(layers) > 1 else "")
             row = [best_text, _mean(layers[-1]), _ci(layers[-1])]
+            row += [_mean(method.answer_score(answer, evaluator, kind)) for answer, _ in answers]
         memory = method.peak_memory_mb
         table.add_row(
             spec,

@@ -7,6 +7,7 @@ from typing import Any
 
 from attrib_bench.reports.attributions import token_rows
 from attrib_bench.reports.leaderboard import (
+    answer_columns,
     finite,
     heading,
     layer_scores,
@@ -37,17 +38,21 @@ def render_markdown(
         "",
     ]
     evaluators = ok_evaluators(document)
+    answers = answer_columns(document)
+    keys = ("best", "last", "ci", "n", *(answer for answer, _ in answers), "seconds", "memory")
+    titles = " | ".join(title for _, title in answers) + " | " if answers else ""
     for evaluator in evaluators:
         for kind in scored_kinds(document, evaluator):
             lines += [
                 f"## {heading(document, evaluator, kind)}",
                 "",
-                "| # | method | best (layer) | last layer | 95% CI | n | s/ex | peak MB | status |",
-                "|---:|---|---:|---:|---:|---:|---:|---:|---|",
+                f"| # | method | best (layer) | last layer | 95% CI | n | {titles}s/ex | peak MB "
+                "| status |",
+                "|---:|---|" + "---:|" * len(keys) + "---|",
             ]
             for rank, row in enumerate(leaderboard_rows(document, evaluator, kind), 1):
                 status = "ok" if row["status"] == "ok" else f"failed: {row['error']}"
-                cells = [row.get(k, "-") for k in ("best", "last", "ci", "n", "seconds", "memory")]
+                cells = [row.get(k, "-") for k in keys]
                 lines.append(
                     f"| {rank} | `{row['spec']}` | " + " | ".join(cells) + f" | {status} |"
                 )

@@ -41,6 +41,12 @@ def provenance_rows(result: Result) -> list[tuple[str, str]]:
     ]
     if cache:
         rows.append(("cache", f"{cache.get('dir')} ({reused} method-examples reused)"))
+    for name, value in (
+        ("GGUF file", model.get("gguf")),
+        ("next-token data", data.get("next_token")),
+    ):
+        if value:
+            rows.append((name, json.dumps(value, sort_keys=True)))
     if result.extra.get("finetune"):
         rows.append(("fine-tuning", json.dumps(result.extra["finetune"], sort_keys=True)))
     return [(name, str(value)) for name, value in rows]

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import platform
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,7 +16,7 @@ import numpy as np
 import torch
 
 from attrib_bench.core.interfaces import KINDS
-from attrib_bench.results.stats import summarize, summarize_corpus
+from attrib_bench.results.stats import summarize_by_answer, summarize_corpus, summarize_layers
 
 if TYPE_CHECKING:
     from attrib_bench.runner.engine import MethodState, Prepared, RunConfig
@@ -51,11 +52,16 @@ def build_result(
     methods: list[MethodState],
     evaluators: dict[str, Any],
     evaluator_errors: dict[str, str],
+    right: dict[str, bool] | None = None,
 ) -> dict[str, Any]:
+    """The result document. ``right``: per example id, whether the model gets the example
+    right (next-token data, ``runner.engine.right_answers``): recorded as ``model_right``, and
+    every mean-summarised score is also summarised over the right and the wrong ones."""
     from attrib_bench.data.rationales import rationale_words_lost
 
     registry = prepared.registry
     example_ids = [e.id for e in prepared.data.examples]
+    right_E = None if right is None else np.array([right[i] for i in example_ids], dtype=bool)
     method_docs: dict[str, Any] = {}
     for method in methods:
         name = method.spec.partition(":")[0]
@@ -87,9 +93,36 @@ def build_result(
             doc["scores"], doc["per_example"] = summarize_scores(
                 method, example_ids, config.seed, evaluators
             )
+            if right_E is not None:
+                doc["scores_by_answer"] = scores_by_answer(
+                    doc["per_example"], right_E, config.seed, evaluators
+                )
         method_docs[method.spec] = doc
     data = prepared.data
-    return {
+    loaded = prepared.loaded
+    dataset: dict[str, Any] = {
+        "name": data.name,
+        "split": data.split,
+        "fingerprint": data.fingerprint,
+        "examples": len(data.examples),
+        "text_column": data.text_column,
+        "text_pair_column": data.text_pair_column,
+        "label_column": data.label_column,
+        "truncated": prepared.truncated,
+        "max_length": prepared.max_length,
+        "rationale_words_lost": rationale_words_lost(prepared.batches),
+        "contentless": len(prepared.contentless),
+    }
+    if data.next_tokens is not None:
+        words = data.next_tokens.words
+        dataset["next_token"] = {
+            "unmatched": data.next_tokens.unmatched,
+            "shared_first_token": prepared.shared_first_token,
+            "paradigms": dict(Counter(words[i].paradigm for i in example_ids)),
+        }
+        if right_E is not None:
+            dataset["next_token"] |= {"right": int(right_E.sum()), "wrong": int((~right_E).sum())}
+    document = {
         "schema_version": SCHEMA_VERSION,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         # The resolved target (position=auto -> the family's): results stay comparable with
@@ -99,27 +132,17 @@ def build_result(
             "packages": {name: _version(name) for name in PACKAGES},
             "python": platform.python_version(),
             "model": {
-                "id": prepared.loaded.model_id,
-                "name": prepared.loaded.name,
-                "type": prepared.loaded.model.config.model_type,
-                "weights_sha256": prepared.loaded.weights_sha256,
-                "fresh_head": prepared.loaded.fresh_head,
+                "id": loaded.model_id,
+                "name": loaded.name,
+                "type": loaded.model.config.model_type,
+                "weights_sha256": loaded.weights_sha256,
+                "fresh_head": loaded.fresh_head,
+                "language_model": loaded.is_language_model,
+                "gguf": loaded.gguf,
             },
-            "dataset": {
-                "name": data.name,
-                "split": data.split,
-                "fingerprint": data.fingerprint,
-                "examples": len(data.examples),
-                "text_column": data.text_column,
-                "text_pair_column": data.text_pair_column,
-                "label_column": data.label_column,
-                "truncated": prepared.truncated,
-                "max_length": prepared.max_length,
-                "rationale_words_lost": rationale_words_lost(prepared.batches),
-                "contentless": len(prepared.contentless),
-            },
+            "dataset": dataset,
             "seed": config.seed,
-            "hardware": hardware(prepared.loaded.device),
+            "hardware": hardware(loaded.device),
             "evaluator_plugins": {n: reg.source for n, reg in registry.evaluators.items()},
         },
         "reference": config.reference,
@@ -144,6 +167,9 @@ def build_result(
         "example_ids": example_ids,
         "methods": method_docs,
     }
+    if right_E is not None:
+        document["model_right"] = right_E.tolist()
+    return document
 
 
 def summarize_scores(
@@ -167,15 +193,33 @@ def summarize_scores(
                 parts_LEP = np.stack(columns, axis=-1).transpose(1, 0, 2)
                 aggregate = evaluators[name].aggregate
                 layers = [summarize_corpus(values_EP, aggregate, seed) for values_EP in parts_LEP]
+                layers = [{"layer": layer + 1, **summary} for layer, summary in enumerate(layers)]
             else:
-                layers = [summarize(row, seed) for row in matrix]
-            summaries.setdefault(name, {})[kind] = [
-                {"layer": layer + 1, **summary} for layer, summary in enumerate(layers)
-            ]
+                layers = summarize_layers(matrix, seed)
+            summaries.setdefault(name, {})[kind] = layers
             per_example.setdefault(name, {})[kind] = [
                 [None if np.isnan(v) else float(v) for v in row] for row in matrix
             ]
     return summaries, per_example
+
+
+def scores_by_answer(
+    per_example: dict[str, dict[str, list]],
+    right_E: np.ndarray,
+    seed: int,
+    evaluators: dict[str, Any],
+) -> dict[str, dict[str, dict[str, list]]]:
+    """Per answer (``right``, ``wrong``), per evaluator and kind: the summaries over the
+    examples the model gets right, or wrong; corpus-level evaluators are left out (their
+    aggregate needs parts the result does not keep)."""
+    by_answer: dict[str, dict[str, dict[str, list]]] = {"right": {}, "wrong": {}}
+    for name, kinds in per_example.items():
+        if getattr(evaluators.get(name), "parts", ()):
+            continue
+        rows = {kind: np.array(values, dtype=float) for kind, values in kinds.items()}
+        for answer, summaries in summarize_by_answer(rows, right_E, seed).items():
+            by_answer[answer][name] = summaries
+    return by_answer
 
 
 def _pair_status(method: MethodState, evaluator: str) -> dict[str, Any]:

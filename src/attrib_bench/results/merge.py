@@ -3,7 +3,8 @@
 Per-example scores are concatenated in the order the parts are given, and every summary is
 recomputed from them with the run's own statistics (``attrib_bench.results.stats.summarize``, same
 seed), so merging the runs over two halves of a dataset gives the result of one run over the
-whole (tested). What cannot be recomputed from a result file is refused, not approximated.
+whole (tested), the summaries over the examples the model gets right and wrong included
+(``model_right``). What cannot be recomputed from a result file is refused, not approximated.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import copy
 import hashlib
 import json
 import math
+from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -19,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from attrib_bench.core.errors import UsageError
-from attrib_bench.results.stats import summarize
+from attrib_bench.results.stats import summarize_by_answer, summarize_layers
 from attrib_bench.results.typed import LayerScore, MethodResult, Result
 
 #: Config keys that may differ between the parts (they choose the examples or the hardware).
@@ -70,7 +72,13 @@ def _merged_pair(statuses: list[dict[str, Any]], rows: list[list[float]] | None)
     return {"status": "ok", "error": None}
 
 
-def _merge_method(spec: str, methods: list[MethodResult], sizes: list[int], seed: int):
+def _merge_method(
+    spec: str,
+    methods: list[MethodResult],
+    sizes: list[int],
+    seed: int,
+    right_E: np.ndarray | None,
+):
     first = methods[0]
     failed = next((m for m in methods if m.status != "ok"), None)
     merged = MethodResult(
@@ -111,13 +119,18 @@ def _merge_method(spec: str, methods: list[MethodResult], sizes: list[int], seed
         if pair["status"] == "failed":
             continue
         merged.per_example[evaluator] = per_kind
+        rows = {kind: np.array(values, dtype=float) for kind, values in per_kind.items()}
         merged.scores[evaluator] = {
-            kind: [
-                LayerScore.from_json({"layer": layer + 1, **summarize(np.array(row), seed)})
-                for layer, row in enumerate(rows)
-            ]
-            for kind, rows in per_kind.items()
+            kind: [LayerScore.from_json(x) for x in summarize_layers(values_LE, seed)]
+            for kind, values_LE in rows.items()
         }
+        if right_E is not None:
+            by_answer = merged.scores_by_answer = merged.scores_by_answer or {}
+            for answer, kinds in summarize_by_answer(rows, right_E, seed).items():
+                by_answer.setdefault(answer, {})[evaluator] = {
+                    kind: [LayerScore.from_json(x) for x in layers]
+                    for kind, layers in kinds.items()
+                }
     return merged
 
 
@@ -131,6 +144,13 @@ def _merge_provenance(parts: Sequence[Result]) -> dict[str, Any]:
             dataset[key] = sum(d[key] for d in datasets)
     fingerprints = [d.get("fingerprint") for d in datasets]
     dataset["fingerprint"] = hashlib.sha256(json.dumps(fingerprints).encode()).hexdigest()
+    if all("next_token" in d for d in datasets):  # counts over disjoint parts add up
+        counts = [d["next_token"] for d in datasets]
+        merged = dataset["next_token"]
+        for key in merged:
+            if key != "paradigms":
+                merged[key] = sum(c.get(key, 0) for c in counts)
+        merged["paradigms"] = dict(sum((Counter(c["paradigms"]) for c in counts), Counter()))
     lost = [d.get("rationale_words_lost") for d in datasets]
     if any(v != lost[0] for v in lost):
         dataset["rationale_words_lost"] = None  # a share of words: not recoverable per part
@@ -173,6 +193,9 @@ def merge(parts: Sequence[Result]) -> Result:
         }
         for part in parts
     ]
+    answers = [part.model_right for part in parts]
+    model_right = None if None in answers else [right for a in answers for right in a]
+    right_E = None if model_right is None else np.array(model_right, dtype=bool)
     return Result(
         schema_version=first.schema_version,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -182,8 +205,9 @@ def merge(parts: Sequence[Result]) -> Result:
         evaluators=evaluators,
         evaluator_info=copy.deepcopy(first.evaluator_info),
         example_ids=[example for part in parts for example in part.example_ids],
+        model_right=model_right,
         methods={
-            spec: _merge_method(spec, [p.methods[spec] for p in parts], sizes, seed)
+            spec: _merge_method(spec, [p.methods[spec] for p in parts], sizes, seed, right_E)
             for spec in first.methods
         },
         extra=extra,

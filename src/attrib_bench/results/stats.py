@@ -43,6 +43,26 @@ def summarize(values: np.ndarray, seed: int) -> dict:
     }
 
 
+def summarize_layers(values_LE: np.ndarray, seed: int) -> list[dict]:
+    """``summarize`` of each layer's row, numbered from 1 as the result's summaries are."""
+    return [{"layer": layer + 1, **summarize(row, seed)} for layer, row in enumerate(values_LE)]
+
+
+def summarize_by_answer(
+    per_kind: dict[str, np.ndarray], right_E: np.ndarray, seed: int
+) -> dict[str, dict[str, list[dict]]]:
+    """Per answer, ``right`` and ``wrong``: per kind, the layers' summaries over the examples
+    the model gets right (or wrong) alone; ``per_kind`` holds (layers, examples) scores."""
+    right_E = np.asarray(right_E, dtype=bool)
+    return {
+        answer: {
+            kind: summarize_layers(values_LE[:, keep_E], seed)
+            for kind, values_LE in per_kind.items()
+        }
+        for answer, keep_E in (("right", right_E), ("wrong", ~right_E))
+    }
+
+
 def summarize_corpus(
     values_EP: np.ndarray, statistic: Callable[[np.ndarray], float], seed: int
 ) -> dict:

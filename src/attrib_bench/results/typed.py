@@ -46,8 +46,11 @@ METHOD_KEYS = (
     "added_as_reference",
     "evaluators",
     "scores",
+    "scores_by_answer",
     "per_example",
 )
+#: The subsets ``scores_by_answer`` splits the examples into, by ``Result.model_right``.
+ANSWERS = ("right", "wrong")
 #: Top-level keys with a typed field; others (``cache``, ``finetune``, ...) go to ``extra``.
 RESULT_KEYS = (
     "schema_version",
@@ -58,6 +61,7 @@ RESULT_KEYS = (
     "evaluators",
     "evaluator_info",
     "example_ids",
+    "model_right",
     "methods",
 )
 
@@ -123,6 +127,8 @@ class MethodResult:
     scores: dict[str, dict[str, list[LayerScore]]] = field(default_factory=dict)
     #: evaluator -> kind -> per layer, one score per example in ``Result.example_ids`` order
     per_example: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)
+    #: With ``Result.model_right``: "right" / "wrong" -> as ``scores``, over those examples.
+    scores_by_answer: dict[str, dict[str, dict[str, list[LayerScore]]]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -138,13 +144,12 @@ class MethodResult:
             added_as_floor=bool(entry.get("added_as_floor", False)),
             added_as_reference=bool(entry.get("added_as_reference", False)),
             evaluators={k: dict(v) for k, v in entry.get("evaluators", {}).items()},
-            scores={
-                evaluator: {
-                    kind: [LayerScore.from_json(layer) for layer in layers]
-                    for kind, layers in kinds.items()
-                }
-                for evaluator, kinds in entry.get("scores", {}).items()
-            },
+            scores=_summaries(entry.get("scores", {})),
+            scores_by_answer=(
+                {answer: _summaries(by) for answer, by in entry["scores_by_answer"].items()}
+                if "scores_by_answer" in entry
+                else None
+            ),
             per_example={
                 evaluator: {
                     kind: [[_number(v) for v in row] for row in rows]
@@ -156,6 +161,11 @@ class MethodResult:
         )
 
     def to_json(self) -> dict[str, Any]:
+        by_answer = {}
+        if self.scores_by_answer is not None:
+            by_answer["scores_by_answer"] = {
+                answer: _summaries_json(scores) for answer, scores in self.scores_by_answer.items()
+            }
         return {
             "name": self.name,
             "plugin": self.plugin,
@@ -166,10 +176,8 @@ class MethodResult:
             "added_as_floor": self.added_as_floor,
             "added_as_reference": self.added_as_reference,
             "evaluators": {k: dict(v) for k, v in self.evaluators.items()},
-            "scores": {
-                evaluator: {kind: [s.to_json() for s in layers] for kind, layers in kinds.items()}
-                for evaluator, kinds in self.scores.items()
-            },
+            "scores": _summaries_json(self.scores),
+            **by_answer,
             "per_example": {
                 evaluator: {
                     kind: [[_json_number(v) for v in row] for row in rows]
@@ -184,11 +192,34 @@ class MethodResult:
         """The summary of one layer (``-1``: the last), as leaderboards and the gate read it."""
         return self.scores[evaluator][kind][layer]
 
+    def answer_score(
+        self, answer: str, evaluator: str, kind: str = "aggregated", layer: int = -1
+    ) -> LayerScore | None:
+        """``score`` over the examples the model gets ``right`` or ``wrong``; None without."""
+        layers = (self.scores_by_answer or {}).get(answer, {}).get(evaluator, {}).get(kind)
+        return layers[layer] if layers else None
+
     def example_scores(
         self, evaluator: str, kind: str = "aggregated", layer: int = -1
     ) -> np.ndarray:
         """Per-example scores of one layer, in ``Result.example_ids`` order (NaN: undefined)."""
         return np.asarray(self.per_example[evaluator][kind][layer], dtype=float)
+
+
+def _summaries(scores: Mapping[str, Any]) -> dict[str, dict[str, list[LayerScore]]]:
+    return {
+        evaluator: {
+            kind: [LayerScore.from_json(x) for x in layers] for kind, layers in kinds.items()
+        }
+        for evaluator, kinds in scores.items()
+    }
+
+
+def _summaries_json(scores: dict[str, dict[str, list[LayerScore]]]) -> dict[str, Any]:
+    return {
+        evaluator: {kind: [s.to_json() for s in layers] for kind, layers in kinds.items()}
+        for evaluator, kinds in scores.items()
+    }
 
 
 @dataclass
@@ -204,6 +235,9 @@ class Result:
     evaluator_info: dict[str, dict[str, Any]]
     example_ids: list[str]
     methods: dict[str, MethodResult]
+    #: Per example in ``example_ids`` order, whether the model gets it right (next-token
+    #: data: logit(good) > logit(bad)); None for other data.
+    model_right: list[bool] | None = None
     #: Other top-level sections (``cache``, ``finetune``, ``merged_from``), kept as they are.
     extra: dict[str, Any] = field(default_factory=dict)
     #: The file it was read from, for error messages (None: built in memory); not in the JSON.
@@ -220,6 +254,9 @@ class Result:
             evaluators={k: dict(v) for k, v in document["evaluators"].items()},
             evaluator_info={k: dict(v) for k, v in document.get("evaluator_info", {}).items()},
             example_ids=list(document.get("example_ids") or []),
+            model_right=(
+                list(document["model_right"]) if document.get("model_right") is not None else None
+            ),
             methods={
                 spec: MethodResult.from_json(spec, entry)
                 for spec, entry in document["methods"].items()
@@ -238,6 +275,7 @@ class Result:
             "evaluators": self.evaluators,
             "evaluator_info": self.evaluator_info,
             "example_ids": self.example_ids,
+            **({} if self.model_right is None else {"model_right": self.model_right}),
             "methods": {spec: method.to_json() for spec, method in self.methods.items()},
             **self.extra,
         }
@@ -319,6 +357,12 @@ def validate(document: Any, name: str) -> None:
     if ids is not None:
         for index, example in enumerate(schema.array(ids, "example_ids")):
             schema.string(example, f"example_ids[{index}]")
+    right = document.get("model_right")
+    if right is not None:
+        length = None if ids is None else len(ids)
+        for index, value in enumerate(schema.array(right, "model_right", length)):
+            if not isinstance(value, bool):
+                schema.fail(f"model_right[{index}]", "true or false", value)
     if document.get("cache"):
         _validate_cache(schema, document["cache"])
     methods = schema.object(document["methods"], "methods")
@@ -341,10 +385,27 @@ def _validate_method(schema: Schema, method: Any, where: str, examples: int | No
         schema.object(pair, at)
         schema.choice(schema.field(pair, "status", at), PAIR_STATUSES, f"{at}.status")
         schema.optional_string(pair.get("error"), f"{at}.error")
-    for evaluator, kinds in schema.object(method.get("scores", {}), f"{where}.scores").items():
-        for kind, layers in schema.kinds(kinds, f"{where}.scores[{evaluator!r}]"):
+    _validate_summaries(schema, method.get("scores", {}), f"{where}.scores")
+    if "scores_by_answer" in method:
+        at = f"{where}.scores_by_answer"
+        for answer, scores in schema.object(method["scores_by_answer"], at).items():
+            schema.choice(answer, ANSWERS, f"{at} key")
+            _validate_summaries(schema, scores, f"{at}.{answer}")
+    per_example = schema.object(method.get("per_example", {}), f"{where}.per_example")
+    for evaluator, kinds in per_example.items():
+        for kind, layers in schema.kinds(kinds, f"{where}.per_example[{evaluator!r}]"):
+            for index, values in enumerate(layers):
+                at = f"{where}.per_example[{evaluator!r}].{kind}[{index}]"
+                for position, value in enumerate(schema.array(values, at, examples)):
+                    schema.optional_number(value, f"{at}[{position}]")
+
+
+def _validate_summaries(schema: Schema, scores: Any, where: str) -> None:
+    """evaluator -> kind -> per-layer summaries (``scores``, and each of ``scores_by_answer``)."""
+    for evaluator, kinds in schema.object(scores, where).items():
+        for kind, layers in schema.kinds(kinds, f"{where}[{evaluator!r}]"):
             for index, summary in enumerate(layers):
-                at = f"{where}.scores[{evaluator!r}].{kind}[{index}]"
+                at = f"{where}[{evaluator!r}].{kind}[{index}]"
                 schema.object(summary, at)
                 layer = schema.field(summary, "layer", at)
                 if not _is_integer(layer) or layer < 1:
@@ -360,13 +421,6 @@ def _validate_method(schema: Schema, method: Any, where: str, examples: int | No
                 undefined = summary.get("nan", 0)
                 if not _is_integer(undefined) or undefined < 0:
                     schema.fail(f"{at}.nan", "an integer >= 0", undefined)
-    per_example = schema.object(method.get("per_example", {}), f"{where}.per_example")
-    for evaluator, kinds in per_example.items():
-        for kind, layers in schema.kinds(kinds, f"{where}.per_example[{evaluator!r}]"):
-            for index, values in enumerate(layers):
-                at = f"{where}.per_example[{evaluator!r}].{kind}[{index}]"
-                for position, value in enumerate(schema.array(values, at, examples)):
-                    schema.optional_number(value, f"{at}[{position}]")
 
 
 def _validate_cache(schema: Schema, cache: Any) -> None:

