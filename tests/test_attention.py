@@ -7,6 +7,7 @@ import torch
 
 from attrib_bench.core.interfaces import Batch
 from attrib_bench.model.trace import Trace
+from attrib_bench.toolkit.aggregation import pair_mask, rollout
 from attrib_bench_plugins.attention import RawAttention, Rollout
 
 # Two layers, three real tokens. Each layer's two heads average to W1 and W2 below.
@@ -70,3 +71,25 @@ def test_configure_returns_a_copy():
     base = Rollout()
     configured = base.configure({"residual": "0.7"})
     assert base.params["residual"] == 0.5 and configured.params["residual"] == 0.7
+
+
+def test_a_deep_unnormalised_rollout_stays_finite_with_exact_ratios():
+    """40 layers with row sums near 100 pass float32's range (1e80); the rows come back finite
+    and proportional to the float64 product's, while a shallow rollout is left as it is."""
+    generator = torch.Generator().manual_seed(0)
+    mask_BN = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    matrices = [
+        torch.rand(2, 4, 4, generator=generator) * 50 * pair_mask(mask_BN) for _ in range(40)
+    ]
+    rows_BLN = rollout(matrices, mask_BN)
+    assert torch.isfinite(rows_BLN).all()
+    reference = None
+    for layer, matrix in enumerate(matrices):
+        matrix = matrix.double()
+        reference = matrix if reference is None else matrix @ reference
+        for b in range(2):
+            expected = reference[b, 0] / reference[b, 0].max()
+            got = rows_BLN[b, layer].double() / rows_BLN[b, layer].double().max()
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
+    shallow = rollout(matrices[:3], mask_BN)
+    assert torch.equal(shallow[:, 2], (matrices[2] @ (matrices[1] @ matrices[0]))[:, 0])
