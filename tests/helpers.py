@@ -106,3 +106,15 @@ def save_tiny_decoder(directory: Path, kind: str, tied: bool | None = None) -> P
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def randomize_norms_and_biases(model: torch.nn.Module) -> None:
+    """Norm weights in [0.5, 1.5] and biases N(0, 0.1), in place: at initialisation they are 1
+    and 0, which would hide the bias terms of a decomposition."""
+    with torch.no_grad():
+        for module in model.modules():
+            if "Norm" in type(module).__name__:
+                module.weight.uniform_(0.5, 1.5)
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(0.0, 0.1)

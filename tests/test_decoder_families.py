@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import examples, full_trace, one_batch
+from helpers import examples, full_trace, one_batch, randomize_norms_and_biases
 
 from attrib_bench.core.architecture_spec import ArchitectureSpec
 from attrib_bench.core.registry import load_registry
@@ -68,13 +68,7 @@ def save_decoder_model(directory: Path, model_type: str, head: str, kv_heads: in
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = auto.from_config(config)
-        with torch.no_grad():
-            for module in model.modules():
-                if "Norm" in type(module).__name__:
-                    module.weight.uniform_(0.5, 1.5)
-            for name, parameter in model.named_parameters():
-                if name.endswith("bias"):
-                    parameter.normal_(0.0, 0.1)
+        randomize_norms_and_biases(model)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import examples, full_trace
+from helpers import examples, full_trace, randomize_norms_and_biases
 from test_conformance import builtin_names
 from test_position_ids import model_position_ids
 
@@ -64,13 +64,7 @@ def save_family_model(directory: Path, model_type: str) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = AutoModelForSequenceClassification.from_config(config)
-        with torch.no_grad():
-            for module in model.modules():
-                if isinstance(module, torch.nn.LayerNorm):
-                    module.weight.uniform_(0.5, 1.5)
-            for name, parameter in model.named_parameters():
-                if name.endswith("bias"):
-                    parameter.normal_(0.0, 0.1)
+        randomize_norms_and_biases(model)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
