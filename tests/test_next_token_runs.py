@@ -248,9 +248,9 @@ def test_faithfulness_on_a_decoder_reads_the_contrastive_score_at_the_right_posi
         assert comprehensiveness["aggregated"][0, b] == pytest.approx(drop, rel=1e-6, abs=1e-7)
 
 
-def test_next_token_runs_add_mrr_to_the_default_evaluators(llama, blimp_csv):
+def test_next_token_runs_add_mrr_and_deletion_to_the_default_evaluators(llama, blimp_csv):
     config = RunConfig(model=str(llama), dataset=str(blimp_csv), attributors=["random"])
-    assert set(run_benchmark(config, quiet=True)["evaluators"]) == {"spearman", "mrr"}
+    assert set(run_benchmark(config, quiet=True)["evaluators"]) == {"spearman", "mrr", "deletion"}
 
 
 def test_removal_auto_masks_on_encoders(tiny_bert):

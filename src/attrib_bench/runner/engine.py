@@ -33,8 +33,9 @@ from attrib_bench.runner.memory import PeakMemory, standalone_megabytes
 DEFAULT_REFERENCE = "saliency"
 #: The attributor every leaderboard carries as its floor (added when not selected).
 FLOOR = "random"
-#: The evaluator next-token runs add to the defaults.
-NEXT_TOKEN_EVALUATOR = "mrr"
+#: The evaluators next-token runs add to the defaults: the evidence word's rank, and the
+#: deletion curve of the contrastive score (the benchmark's plausibility and faithfulness).
+NEXT_TOKEN_EVALUATORS = ("mrr", "deletion")
 
 
 @dataclass
@@ -402,10 +403,11 @@ def leaderboard_methods(
 
 def default_evaluators(registry: Registry, data: LoadedData) -> list[str]:
     """The evaluators a run without ``--evaluators`` scores: the registry's defaults, and for
-    next-token data also ``mrr``, the rank of the word that decides the next token."""
+    next-token data also ``mrr`` (the rank of the word that decides the next token) and
+    ``deletion`` (the contrastive score as top-ranked tokens are deleted)."""
     defaults = registry.defaults("evaluators")
-    if data.next_tokens is not None and NEXT_TOKEN_EVALUATOR in registry.evaluators:
-        defaults.append(NEXT_TOKEN_EVALUATOR)
+    if data.next_tokens is not None:
+        defaults += [name for name in NEXT_TOKEN_EVALUATORS if name in registry.evaluators]
     return defaults
 
 
