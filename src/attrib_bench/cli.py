@@ -185,6 +185,36 @@ def build_parser() -> argparse.ArgumentParser:
     ident.add_argument("--seed", type=int, default=0)
     ident.add_argument("--device", default="auto")
     ident.add_argument("--output-dir", type=Path, default=Path("identifiability"))
+
+    similar = commands.add_parser(
+        "similarity", help="representation similarity between models, per layer pair"
+    )
+    similar.add_argument(
+        "--models", required=True, help="comma-separated models (M,M compares M with itself)"
+    )
+    _add_data_options(similar)
+    similar.add_argument("--max-length", type=int, default=128)
+    similar.add_argument(
+        "--token-level", action="store_true", help="every real token (shared tokenizer needed)"
+    )
+    similar.add_argument(
+        "--all-pairs", action="store_true", help="learned maps for every layer pair, not (i, i)"
+    )
+    similar.add_argument(
+        "--no-learned", action="store_true", help="skip the learned alignment maps"
+    )
+    similar.add_argument("--debiased", action="store_true", help="add debiased linear CKA")
+    similar.add_argument(
+        "--rbf-threshold", type=float, default=1.0, help="RBF sigma / median distance (1.0)"
+    )
+    similar.add_argument(
+        "--svcca-keep", type=float, default=0.9, help="SVCCA singular-value share (0.9)"
+    )
+    similar.add_argument("--seed", type=int, default=0)
+    similar.add_argument("--device", default="auto")
+    similar.add_argument("--output", type=Path, required=True, help="write the JSON here")
+    similar.add_argument("--plots", type=Path, help="write heatmap PNGs into this folder")
+    similar.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 
@@ -450,12 +480,50 @@ def _identifiability(args: argparse.Namespace, out: Console) -> int:
     return ExitCode.OK
 
 
+def _similarity(args: argparse.Namespace, out: Console) -> int:
+    from attrib_bench.analyses.similarity import (
+        SimilarityConfig,
+        plot_pairs,
+        run_similarity,
+        tables,
+    )
+    from attrib_bench.results import write_json
+
+    config = SimilarityConfig(
+        models=[m.strip() for m in args.models.split(",") if m.strip()],
+        dataset=args.dataset,
+        split=args.split,
+        text_column=args.text_column,
+        text_pair_column=args.text_pair_column,
+        limit=args.limit,
+        max_length=args.max_length,
+        token_level=args.token_level,
+        all_pairs=args.all_pairs,
+        learned=not args.no_learned,
+        debiased=args.debiased,
+        rbf_threshold=args.rbf_threshold,
+        svcca_keep=args.svcca_keep,
+        seed=args.seed,
+        device=args.device,
+    )
+    report = run_similarity(config, quiet=args.quiet)
+    write_json(report, args.output)
+    for table in tables(report):
+        out.print(table)
+    written = f"written: {args.output}"
+    if args.plots is not None:
+        written += f" and {len(plot_pairs(report, args.plots))} heatmaps in {args.plots}"
+    stderr.print(written)
+    return ExitCode.OK
+
+
 COMMANDS = {
     "list": _list,
     "run": _run,
     "attribute": _attribute,
     "finetune": _finetune,
     "identifiability": _identifiability,
+    "similarity": _similarity,
     "check": _check,
     "report": _report,
     "cache": _cache,
@@ -474,7 +542,7 @@ def _quiet_libraries() -> None:
 
 
 #: Commands that load models or data (the others read JSON or the plugin registry only).
-HEAVY_COMMANDS = frozenset({"run", "attribute", "finetune", "identifiability"})
+HEAVY_COMMANDS = frozenset({"run", "attribute", "finetune", "identifiability", "similarity"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

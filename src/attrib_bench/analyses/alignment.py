@@ -1,0 +1,283 @@
+"""Learned alignment maps between two models' representations (issue 12; Ren et al. 2023).
+
+``fit_alignments`` fits f: h_x -> h_y on a training split and reports MSE(f(h_x), h_y) and R^2 on
+held-out rows, for three maps (../shared/specs/invariance.md):
+
+- ``linear``: an affine map (``nn.Linear`` with bias);
+- ``mlp``: a non-bijective 4-layer GELU MLP (the official comparison);
+- ``inn``: an invertible network, BERT-INN style: RealNVP coupling blocks from FrEIA
+  (``RNVPCouplingBlock``: two affine couplings on complementary halves, separate s/t subnetworks
+  d -> h -> h -> d with SELU, log-scale soft-clamped as ``clamp * tanh``). Trained like the
+  others with plain MSE on f(x) vs y, no log-determinant term, as in the official code.
+
+Protocol, and where it departs from the official code on purpose:
+
+- Both x and y are standardised per feature with the *training* split's mean and standard
+  deviation (test rows never inform them); the reported MSE is in standardised y units (each
+  target feature has unit variance on the training rows), so it is comparable across layers and
+  models. R^2 = 1 - SS_res / SS_tot pooled over all target features, SS_tot around the held-out
+  rows' own mean.
+- Scores are on held-out rows (the official code scores on the training rows).
+- A validation split (``val_fraction`` of the training rows, seeded) drives early stopping with
+  ``patience`` epochs; the weights of the best validation epoch are restored.
+- Adam, minibatches, and a cosine learning-rate schedule that ends at ``LR_FLOOR`` (10%) of the
+  start rather than decaying to nothing (the official 0.99-per-step decay is below 1e-10 of the
+  start after ~900 of 3,000 steps).
+- All randomness (initialisation, validation split, batch order) comes from ``seed`` inside
+  ``torch.random.fork_rng``: the caller's global RNG state is untouched, and the same seed on
+  the same device gives the same numbers.
+- An INN maps R^d to R^d: when d_x != d_y the ``inn`` map is refused with a ``UsageError``
+  rather than padded or projected, since any projection would make the map non-bijective and
+  the comparison the map exists for meaningless. The maps are not symmetric: x -> y is fitted.
+
+FrEIA is an optional dependency (``pip install 'attrib-bench[similarity]'``), imported only when
+the ``inn`` map is asked for.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from attrib_bench.core.errors import UsageError
+
+MAPS = ("linear", "mlp", "inn")
+#: The cosine schedule ends at this share of the starting learning rate.
+LR_FLOOR = 0.1
+_EPS = 1e-8
+
+
+def cosine_lr(epoch: int, max_epochs: int, base_lr: float, floor: float = LR_FLOOR) -> float:
+    """Learning rate at ``epoch`` (0-based): cosine from ``base_lr`` to ``floor * base_lr``.
+
+    Never below ``floor * base_lr``, also past ``max_epochs``.
+    """
+    if max_epochs <= 1:
+        return base_lr
+    progress = min(max(epoch, 0) / (max_epochs - 1), 1.0)
+    return base_lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def _standardise(train: torch.Tensor, test: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-feature z-scores of both splits, with the training split's mean and std only."""
+    mean = train.mean(dim=0, keepdim=True)
+    std = train.std(dim=0, keepdim=True).clamp_min(_EPS)
+    return (train - mean) / std, (test - mean) / std
+
+
+def _mlp(d_in: int, d_out: int, hidden: int) -> nn.Module:
+    """The non-bijective comparison: 4 linear layers with GELU between them."""
+    return nn.Sequential(
+        nn.Linear(d_in, hidden),
+        nn.GELU(),
+        nn.Linear(hidden, hidden),
+        nn.GELU(),
+        nn.Linear(hidden, hidden),
+        nn.GELU(),
+        nn.Linear(hidden, d_out),
+    )
+
+
+def _import_freia():
+    try:
+        import FrEIA.framework as ff
+        import FrEIA.modules as fm
+    except ImportError:
+        raise UsageError(
+            "the 'inn' alignment map needs FrEIA: pip install 'attrib-bench[similarity]' "
+            "(or pip install FrEIA)"
+        ) from None
+    return ff, fm
+
+
+class _INN(nn.Module):
+    """FrEIA's RealNVP blocks as a plain x -> y module (the log-det output is dropped)."""
+
+    def __init__(self, dim: int, hidden: int, blocks: int, clamp: float):
+        super().__init__()
+        ff, fm = _import_freia()
+
+        def subnet(d_in: int, d_out: int) -> nn.Module:
+            net = nn.Sequential(
+                nn.Linear(d_in, hidden), nn.SELU(), nn.Linear(hidden, hidden), nn.SELU(),
+                nn.Linear(hidden, d_out),
+            )  # fmt: skip
+            # Zero last layer: every block starts as the identity (FrEIA's recommended init).
+            nn.init.zeros_(net[-1].weight)
+            nn.init.zeros_(net[-1].bias)
+            return net
+
+        self.net = ff.SequenceINN(dim)
+        for _ in range(blocks):
+            self.net.append(
+                fm.RNVPCouplingBlock, subnet_constructor=subnet, clamp=clamp,
+                clamp_activation="TANH",
+            )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _log_det = self.net(x)
+        return y
+
+    def inverse(self, y: torch.Tensor) -> torch.Tensor:
+        x, _log_det = self.net(y, rev=True)
+        return x
+
+
+def _build(name: str, d_x: int, d_y: int, hidden: int, inn_blocks: int, inn_clamp: float):
+    if name == "linear":
+        return nn.Linear(d_x, d_y)
+    if name == "mlp":
+        return _mlp(d_x, d_y, hidden)
+    if name == "inn":
+        if d_x != d_y:
+            raise UsageError(
+                f"the 'inn' alignment map needs equal widths (an invertible map), got d_x={d_x} "
+                f"and d_y={d_y}; use the 'linear' or 'mlp' map for this pair"
+            )
+        if d_x < 2:
+            raise UsageError("the 'inn' alignment map needs at least 2 features to couple")
+        return _INN(d_x, hidden, inn_blocks, inn_clamp)
+    raise UsageError(f"unknown alignment map {name!r}; valid choices: {', '.join(MAPS)}")
+
+
+def train_map(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    x_val: torch.Tensor,
+    y_val: torch.Tensor,
+    *,
+    generator: torch.Generator,
+    lr: float,
+    max_epochs: int,
+    patience: int,
+    batch_size: int,
+    lr_schedule: Callable[[int, int, float], float] = cosine_lr,
+) -> nn.Module:
+    """Adam on MSE with minibatches; early stopping on validation MSE, best weights restored."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    best_loss, best_state, stale = math.inf, copy.deepcopy(model.state_dict()), 0
+    n = x.shape[0]
+    for epoch in range(max_epochs):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_schedule(epoch, max_epochs, lr)
+        model.train()
+        order = torch.randperm(n, generator=generator).to(x.device)
+        for start in range(0, n, batch_size):
+            idx = order[start : start + batch_size]
+            loss = torch.mean((model(x[idx]) - y[idx]) ** 2)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            val_loss = torch.mean((model(x_val) - y_val) ** 2).item()
+        if val_loss < best_loss - 1e-7:
+            best_loss, best_state, stale = val_loss, copy.deepcopy(model.state_dict()), 0
+        else:
+            stale += 1
+            if stale >= patience:
+                break
+    model.load_state_dict(best_state)
+    model.eval()
+    return model
+
+
+def _scores(pred: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+    residual = torch.sum((pred - target) ** 2)
+    total = torch.sum((target - target.mean(dim=0, keepdim=True)) ** 2)
+    return {
+        "mse": torch.mean((pred - target) ** 2).item(),
+        "r2": (1.0 - residual / total.clamp_min(_EPS)).item(),
+    }
+
+
+def _fork_rng(device: torch.device):
+    """Fork the CPU RNG and, on an accelerator, that device's RNG (the caller's are restored)."""
+    if device.type == "cpu":
+        return torch.random.fork_rng(devices=[])
+    index = device.index
+    if index is None:
+        index = torch.get_device_module(device.type).current_device()
+    return torch.random.fork_rng(devices=[index], device_type=device.type)
+
+
+def _check_inputs(x_train, y_train, x_test, y_test, maps: Sequence[str]) -> None:
+    for name, t in (("x_train", x_train), ("y_train", y_train), ("x_test", x_test),
+                    ("y_test", y_test)):  # fmt: skip
+        if not isinstance(t, torch.Tensor) or t.ndim != 2 or not t.is_floating_point():
+            raise UsageError(f"{name} must be a 2-D float tensor (rows, features)")
+    if x_train.shape[0] != y_train.shape[0] or x_test.shape[0] != y_test.shape[0]:
+        raise UsageError("x and y must have the same rows (the same sentences) in each split")
+    if x_train.shape[1] != x_test.shape[1] or y_train.shape[1] != y_test.shape[1]:
+        raise UsageError("train and test splits must have the same feature widths")
+    if x_train.shape[0] < 4 or x_test.shape[0] < 2:
+        raise UsageError("alignment needs at least 4 training rows and 2 held-out rows")
+    for name in maps:
+        if name not in MAPS:
+            raise UsageError(f"unknown alignment map {name!r}; valid choices: {', '.join(MAPS)}")
+    if "inn" in maps and x_train.shape[1] != y_train.shape[1]:
+        _build("inn", x_train.shape[1], y_train.shape[1], 1, 1, 1.0)  # raises the width error
+
+
+def fit_alignments(
+    x_train: torch.Tensor,
+    y_train: torch.Tensor,
+    x_test: torch.Tensor,
+    y_test: torch.Tensor,
+    seed: int,
+    maps: Sequence[str] = MAPS,
+    *,
+    lr: float = 3e-3,
+    max_epochs: int = 300,
+    patience: int = 30,
+    batch_size: int = 128,
+    val_fraction: float = 0.15,
+    hidden: int | None = None,
+    inn_blocks: int = 1,
+    inn_clamp: float = 2.0,
+) -> dict[str, dict[str, float]]:
+    """Fit each map x -> y on the training rows; score it on the held-out rows.
+
+    Returns ``{map: {"mse": float, "r2": float}}`` in the order of ``maps``. ``hidden`` is the
+    MLP's and the INN subnetworks' width (default 4 * max(d_x, d_y), as 768 -> 3072 officially).
+    Runs on the tensors' device; every map gets the same seed, so each is reproducible alone.
+    """
+    maps = tuple(maps)
+    _check_inputs(x_train, y_train, x_test, y_test, maps)
+    device = x_train.device
+    dtype = torch.promote_types(x_train.dtype, torch.float32)
+    x_train, x_test = _standardise(x_train.to(device, dtype), x_test.to(device, dtype))
+    y_train, y_test = _standardise(y_train.to(device, dtype), y_test.to(device, dtype))
+    d_x, d_y = x_train.shape[1], y_train.shape[1]
+    width = hidden or 4 * max(d_x, d_y)
+
+    n = x_train.shape[0]
+    n_val = min(max(1, round(val_fraction * n)), n - 1)
+    results: dict[str, dict[str, float]] = {}
+    with _fork_rng(device):
+        split = torch.Generator().manual_seed(seed)
+        perm = torch.randperm(n, generator=split).to(device)
+        val_idx, fit_idx = perm[:n_val], perm[n_val:]
+        for name in maps:
+            torch.manual_seed(seed)
+            model = _build(name, d_x, d_y, width, inn_blocks, inn_clamp).to(device, dtype)
+            train_map(
+                model,
+                x_train[fit_idx],
+                y_train[fit_idx],
+                x_train[val_idx],
+                y_train[val_idx],
+                generator=torch.Generator().manual_seed(seed + 1),
+                lr=lr,
+                max_epochs=max_epochs,
+                patience=patience,
+                batch_size=batch_size,
+            )
+            with torch.no_grad():
+                results[name] = _scores(model(x_test), y_test)
+    return results

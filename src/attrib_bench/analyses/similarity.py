@@ -1,0 +1,537 @@
+"""Representation similarity between models, layer pair by layer pair (issue 12, first step).
+
+``attrib-bench similarity``: for models x and y, on the same sentences, per layer pair (i, j)
+(index 0 = the embedding output, ``hidden_states[0]``): linear CKA (biased HSIC as Kornblith et
+al.'s code; debiased HSIC as an option), RBF CKA, SVCCA, PWCCA, the orthogonal Procrustes
+distance, the linear-regression R^2 of y's features from x's, and learned alignment maps
+(``attrib_bench.analyses.alignment``: linear, MLP, INN) scored by MSE and R^2 on held-out
+sentences. Every model also gets a floor: the same measures against a randomly initialised model
+of its architecture, and between two randomly initialised ones, because random networks can look
+alike (../shared/specs/invariance.md).
+
+The measures are pure functions of two matrices X (n, d1), Y (n, d2) whose rows are the same
+sentences (or tokens). Features are taken in eval mode and averaged over real tokens only.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import scipy.linalg
+import torch
+
+from attrib_bench.core import console
+from attrib_bench.core.errors import UsageError
+
+MEASURES = ("linear_cka", "rbf_cka", "svcca", "pwcca", "procrustes", "linreg_r2")
+LEARNED_MAPS = ("linear", "mlp", "inn")
+TRAIN_SHARE = 0.7
+
+
+# --- measures: pure functions of X (n, d1), Y (n, d2), float64 ------------------------------
+
+
+def _centred(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return x - x.mean(axis=0, keepdims=True)
+
+
+def _check(x: np.ndarray, y: np.ndarray) -> None:
+    if x.ndim != 2 or y.ndim != 2 or x.shape[0] != y.shape[0]:
+        raise ValueError(f"need X (n, d1) and Y (n, d2) with the same rows: {x.shape}, {y.shape}")
+    if x.shape[0] < 2:
+        raise ValueError("need at least 2 rows")
+
+
+def _cka_from_grams(k: np.ndarray, l: np.ndarray) -> float:  # noqa: E741
+    """Biased HSIC CKA of two centred Gram matrices: <K, L> / (||K|| ||L||)."""
+    denominator = np.linalg.norm(k) * np.linalg.norm(l)
+    return float(np.sum(k * l) / denominator) if denominator > 0 else float("nan")
+
+
+def _centre_gram(k: np.ndarray) -> np.ndarray:
+    return k - k.mean(axis=0, keepdims=True) - k.mean(axis=1, keepdims=True) + k.mean()
+
+
+def _unbiased_hsic(k: np.ndarray, l: np.ndarray) -> float:  # noqa: E741
+    """Song et al. (2012) unbiased HSIC estimator (up to a constant that cancels in CKA)."""
+    n = k.shape[0]
+    k = k.copy()
+    l = l.copy()  # noqa: E741
+    np.fill_diagonal(k, 0.0)
+    np.fill_diagonal(l, 0.0)
+    ones_k, ones_l = k.sum(axis=0), l.sum(axis=0)
+    value = (
+        np.sum(k * l)
+        + ones_k.sum() * ones_l.sum() / ((n - 1) * (n - 2))
+        - 2.0 * ones_k @ ones_l / (n - 2)
+    )
+    return float(value / (n * (n - 3)))
+
+
+def linear_cka(x: np.ndarray, y: np.ndarray, debiased: bool = False) -> float:
+    """Linear CKA (Kornblith et al. 2019).
+
+    Biased (their code's default): ||Yc^T Xc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F) on centred
+    features. ``debiased``: the unbiased HSIC of Song et al. 2012 (as in Nguyen et al. 2021) on the
+    linear Gram matrices; needs n >= 4.
+    """
+    _check(x, y)
+    xc, yc = _centred(x), _centred(y)
+    if debiased:
+        if x.shape[0] < 4:
+            raise ValueError("debiased CKA needs at least 4 rows")
+        k, l = xc @ xc.T, yc @ yc.T  # noqa: E741
+        product = _unbiased_hsic(k, l)
+        norms = _unbiased_hsic(k, k) * _unbiased_hsic(l, l)
+        return float(product / np.sqrt(norms)) if norms > 0 else float("nan")
+    cross = np.linalg.norm(yc.T @ xc) ** 2
+    denominator = np.linalg.norm(xc.T @ xc) * np.linalg.norm(yc.T @ yc)
+    return float(cross / denominator) if denominator > 0 else float("nan")
+
+
+def rbf_gram(x: np.ndarray, threshold: float = 1.0) -> np.ndarray:
+    """Kornblith's ``gram_rbf``: exp(-d_ij^2 / (2 sigma^2)), sigma = threshold x the square root
+    of the median squared distance (over all n^2 entries, as their code)."""
+    x = np.asarray(x, dtype=np.float64)
+    dot = x @ x.T
+    squared = np.diag(dot)
+    distances = np.maximum(squared[:, None] + squared[None, :] - 2 * dot, 0.0)
+    median = np.median(distances)
+    if median <= 0:
+        return np.ones_like(distances)
+    return np.exp(-distances / (2 * threshold**2 * median))
+
+
+def rbf_cka(x: np.ndarray, y: np.ndarray, threshold: float = 1.0) -> float:
+    """RBF-kernel CKA (biased HSIC), bandwidth ``threshold`` x the median distance."""
+    _check(x, y)
+    return _cka_from_grams(
+        _centre_gram(rbf_gram(x, threshold)), _centre_gram(rbf_gram(y, threshold))
+    )
+
+
+def _basis(xc: np.ndarray) -> np.ndarray:
+    """An orthonormal basis of the column space of centred X (SVD, small directions dropped)."""
+    return scipy.linalg.orth(xc, rcond=1e-10)
+
+
+def cca_correlations(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Canonical correlations (descending) and X's canonical variates (n, k), orthonormal.
+
+    The correlations are the singular values of Qx^T Qy, Q orthonormal bases of the centred
+    features; k = min(rank X, rank Y). With n <= rank, every correlation is trivially 1.
+    """
+    qx, qy = _basis(_centred(x)), _basis(_centred(y))
+    u, s, _ = scipy.linalg.svd(qx.T @ qy, full_matrices=False)
+    k = min(qx.shape[1], qy.shape[1])
+    return np.clip(s[:k], 0.0, 1.0), qx @ u[:, :k]
+
+
+def svd_reduce(x: np.ndarray, keep: float = 0.9) -> np.ndarray:
+    """Centred X on its top singular directions whose singular values sum to ``keep`` of the
+    total (the official SVCCA code's rule: singular values, not variances)."""
+    xc = _centred(x)
+    u, s, _ = scipy.linalg.svd(xc, full_matrices=False)
+    if s.sum() <= 0:
+        return xc[:, :1]
+    count = int(np.searchsorted(np.cumsum(s) / s.sum(), keep - 1e-12) + 1)
+    count = min(count, len(s))
+    return u[:, :count] * s[:count]
+
+
+def svcca(x: np.ndarray, y: np.ndarray, keep: float = 0.9) -> float:
+    """SVCCA (Raghu et al. 2017): SVD-reduce both, then the mean canonical correlation."""
+    _check(x, y)
+    correlations, _ = cca_correlations(svd_reduce(x, keep), svd_reduce(y, keep))
+    return float(correlations.mean())
+
+
+def pwcca(x: np.ndarray, y: np.ndarray) -> float:
+    """PWCCA (Morcos et al. 2018): canonical correlations weighted by alpha_i = sum_j
+    |<h_i, x_j>|, h_i X's orthonormal canonical variates, x_j the centred columns of X."""
+    _check(x, y)
+    correlations, variates = cca_correlations(x, y)
+    weights = np.abs(variates.T @ _centred(x)).sum(axis=1)
+    if weights.sum() <= 0:
+        return float("nan")
+    return float(np.sum(weights / weights.sum() * correlations))
+
+
+def procrustes_distance(x: np.ndarray, y: np.ndarray) -> float:
+    """Orthogonal Procrustes distance (Ding et al. 2021): with X, Y centred and scaled to unit
+    Frobenius norm, ||X||_F^2 + ||Y||_F^2 - 2||X^T Y||_* = 2 - 2||X^T Y||_*, in [0, 2].
+
+    The nuclear norm is ``scipy.linalg.orthogonal_procrustes``' scale (the narrower matrix padded
+    with zero columns, which leaves it unchanged).
+    """
+    _check(x, y)
+    xc, yc = _centred(x), _centred(y)
+    nx, ny = np.linalg.norm(xc), np.linalg.norm(yc)
+    if nx == 0 or ny == 0:
+        return float("nan")
+    xc, yc = xc / nx, yc / ny
+    width = max(xc.shape[1], yc.shape[1])
+    xc = np.pad(xc, ((0, 0), (0, width - xc.shape[1])))
+    yc = np.pad(yc, ((0, 0), (0, width - yc.shape[1])))
+    _, nuclear = scipy.linalg.orthogonal_procrustes(xc, yc)
+    return float(max(2.0 - 2.0 * nuclear, 0.0))
+
+
+def linreg_r2(
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+    ridge: float = 1e-3,
+) -> float:
+    """R^2 of Y from X by least squares with an intercept, fitted on the train rows, scored on
+    the test rows: 1 - sum (Y - Yhat)^2 / sum (Y - mean_test Y)^2 over all outputs (pooled).
+
+    Ordinary least squares (``scipy.linalg.lstsq``) when the train rows outnumber X's width;
+    otherwise ridge with lambda = ``ridge`` x trace(Xc^T Xc) / d1 (relative to the features'
+    scale), as plain least squares would interpolate the train rows.
+    """
+    _check(x_train, y_train)
+    _check(x_test, y_test)
+    mean_x, mean_y = x_train.mean(axis=0), y_train.mean(axis=0)
+    xc, yc = x_train - mean_x, y_train - mean_y
+    if x_train.shape[0] > x_train.shape[1]:
+        weights = scipy.linalg.lstsq(xc, yc)[0]
+    else:
+        scale = ridge * np.trace(xc.T @ xc) / xc.shape[1]
+        # dual form: W = Xc^T (Xc Xc^T + lambda I)^-1 Yc (n x n, n < d)
+        gram = xc @ xc.T + scale * np.eye(xc.shape[0])
+        weights = xc.T @ scipy.linalg.solve(gram, yc, assume_a="pos")
+    predicted = (x_test - mean_x) @ weights + mean_y
+    total = np.sum((y_test - y_test.mean(axis=0)) ** 2)
+    if total <= 0:
+        return float("nan")
+    return float(1.0 - np.sum((y_test - predicted) ** 2) / total)
+
+
+# --- features --------------------------------------------------------------------------------
+
+
+@dataclass
+class SimilarityConfig:
+    models: list[str]
+    dataset: str | None = None
+    split: str | None = None
+    text_column: str | None = None
+    text_pair_column: str | None = None
+    limit: int | None = None
+    max_length: int = 128
+    token_level: bool = False
+    all_pairs: bool = False
+    learned: bool = True
+    debiased: bool = False
+    rbf_threshold: float = 1.0
+    svcca_keep: float = 0.9
+    seed: int = 0
+    device: str = "auto"
+    measures: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Features:
+    """One model's features: per layer (L + 1) a float64 matrix whose rows are the sentences
+    (or, token-level, every real token of every sentence in order); ``rows_per_sentence`` maps
+    rows back to sentences for the train/test split; ``input_ids`` per sentence."""
+
+    layers: list[np.ndarray]
+    rows_per_sentence: list[int]
+    input_ids: list[list[int]]
+
+
+@torch.no_grad()
+def extract_features(model, tokenizer, examples, device, max_length: int, token_level: bool):
+    """Hidden states (``output_hidden_states=True``) in eval mode, pooled over real tokens."""
+    from attrib_bench.data.batches import make_batches
+
+    model.eval()
+    batches, truncated = make_batches(examples, tokenizer, 32, max_length)
+    if truncated:
+        console.warn(f"{truncated} inputs truncated to {max_length} tokens")
+    position = {id(e): i for i, e in enumerate(examples)}
+    per_sentence: list = [None] * len(examples)
+    for batch in batches:
+        inputs = {k: v.to(device) for k, v in batch.model_inputs().items()}
+        output = model(**inputs, output_hidden_states=True)
+        stacked_BLND = torch.stack(output.hidden_states, dim=1).double().cpu()
+        mask_BN = batch.attention_mask_BN.bool()
+        for b, example in enumerate(batch.examples):
+            states_LND = stacked_BLND[b][:, mask_BN[b]]
+            ids = batch.input_ids_BN[b][mask_BN[b]].tolist()
+            vectors = states_LND if token_level else states_LND.mean(dim=1, keepdim=True)
+            per_sentence[position[id(example)]] = (vectors, ids)
+    layers = [
+        torch.cat([v[layer] for v, _ in per_sentence]).numpy()
+        for layer in range(per_sentence[0][0].shape[0])
+    ]
+    return Features(
+        layers=layers,
+        rows_per_sentence=[v.shape[1] for v, _ in per_sentence],
+        input_ids=[ids for _, ids in per_sentence],
+    )
+
+
+def random_model(loaded, seed: int):
+    """A randomly initialised model of the same architecture (``AutoModel.from_config``)."""
+    from transformers import AutoModel
+
+    torch.manual_seed(seed)
+    model = AutoModel.from_config(loaded.model.config)
+    return model.to(loaded.device).eval()
+
+
+def split_rows(rows_per_sentence: list[int], seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Train/test row indices from a seeded 70/30 split of the sentences."""
+    order = list(range(len(rows_per_sentence)))
+    random.Random(seed).shuffle(order)
+    cut = max(1, min(len(order) - 1, round(TRAIN_SHARE * len(order))))
+    starts = np.concatenate([[0], np.cumsum(rows_per_sentence)])
+    rows = [np.arange(starts[s], starts[s + 1]) for s in range(len(order))]
+    return (
+        np.concatenate([rows[s] for s in sorted(order[:cut])]),
+        np.concatenate([rows[s] for s in sorted(order[cut:])]),
+    )
+
+
+# --- the analysis ----------------------------------------------------------------------------
+
+
+def measure_names(config: SimilarityConfig) -> list[str]:
+    names = list(MEASURES)
+    if config.debiased:
+        names.insert(1, "linear_cka_debiased")
+    if config.learned:
+        names += [f"{m}_{metric}" for m in LEARNED_MAPS for metric in ("mse", "r2")]
+    return names
+
+
+def _fit_alignments():
+    try:
+        from attrib_bench.analyses.alignment import fit_alignments
+    except ImportError as error:
+        raise UsageError(
+            f"the learned alignment maps need attrib_bench.analyses.alignment ({error}); "
+            "pass --no-learned to skip them"
+        ) from None
+    return fit_alignments
+
+
+def compare(fx: Features, fy: Features, config: SimilarityConfig, bar=None, task=None) -> dict:
+    """Every measure for every layer pair (i, j): matrices of L_x + 1 rows of L_y + 1 values,
+    None where not computed. x -> y is a direction (regression, maps): never mirrored."""
+    names = measure_names(config)
+    fit = _fit_alignments() if config.learned else None
+    train, test = split_rows(fx.rows_per_sentence, config.seed)
+    rows, columns = len(fx.layers), len(fy.layers)
+    result: dict[str, list[list]] = {n: [[None] * columns for _ in range(rows)] for n in names}
+    for i, x in enumerate(fx.layers):
+        for j, y in enumerate(fy.layers):
+            values = {
+                "linear_cka": linear_cka(x, y),
+                "rbf_cka": rbf_cka(x, y, config.rbf_threshold),
+                "svcca": svcca(x, y, config.svcca_keep),
+                "pwcca": pwcca(x, y),
+                "procrustes": procrustes_distance(x, y),
+                "linreg_r2": linreg_r2(x[train], y[train], x[test], y[test]),
+            }
+            if config.debiased:
+                values["linear_cka_debiased"] = linear_cka(x, y, debiased=True)
+            if fit is not None and (config.all_pairs or i == j):
+                learned = fit(
+                    torch.from_numpy(x[train]).float(),
+                    torch.from_numpy(y[train]).float(),
+                    torch.from_numpy(x[test]).float(),
+                    torch.from_numpy(y[test]).float(),
+                    seed=config.seed,
+                    maps=LEARNED_MAPS,
+                )
+                for name, scores in learned.items():
+                    for metric in ("mse", "r2"):
+                        if f"{name}_{metric}" in result and metric in scores:
+                            values[f"{name}_{metric}"] = float(scores[metric])
+            for name, value in values.items():
+                result[name][i][j] = None if value is None or np.isnan(value) else value
+            if bar is not None:
+                bar.advance(task)
+    return result
+
+
+def _random_name(model: str, seed: int) -> str:
+    return f"random-init:{model}@seed{seed}"
+
+
+def run_similarity(config: SimilarityConfig, quiet: bool = False) -> dict:
+    from attrib_bench.data.load import load_examples
+    from attrib_bench.model.load import load_model
+
+    if len(config.models) < 2:
+        raise UsageError(
+            "--models needs at least 2 comma-separated models (M,M compares a model with itself)"
+        )
+    if not 0 < config.svcca_keep <= 1:
+        raise UsageError(f"--svcca-keep must be in (0, 1], got {config.svcca_keep}")
+    if config.rbf_threshold <= 0:
+        raise UsageError(f"--rbf-threshold must be positive, got {config.rbf_threshold}")
+    if config.learned:
+        _fit_alignments()  # fail before the slow part
+    data = load_examples(
+        config.dataset,
+        config.split,
+        config.text_column,
+        config.text_pair_column,
+        None,
+        config.limit,
+    )
+    if len(data.examples) < 4:
+        raise UsageError(
+            f"similarity needs at least 4 sentences (a train/test split), got {len(data.examples)}"
+        )
+    config.measures = measure_names(config)
+    unique = list(dict.fromkeys(config.models))
+    loaded = {name: load_model(name, config.device, warn_fresh_head=False) for name in unique}
+    features: dict[str, Features] = {}
+    for name, model in loaded.items():
+        features[name] = extract_features(
+            model.model,
+            model.tokenizer,
+            data.examples,
+            model.device,
+            config.max_length,
+            config.token_level,
+        )
+        for seed in (config.seed, config.seed + 1):
+            features[_random_name(name, seed)] = extract_features(
+                random_model(model, seed),
+                model.tokenizer,
+                data.examples,
+                model.device,
+                config.max_length,
+                config.token_level,
+            )
+    if config.token_level:
+        reference = features[unique[0]].input_ids
+        for name in unique[1:]:
+            if features[name].input_ids != reference:
+                raise UsageError(
+                    f"--token-level needs models that share the tokenizer: {unique[0]!r} and "
+                    f"{name!r} tokenise the sentences differently (drop --token-level to compare "
+                    "sentence means)"
+                )
+    plan = [
+        (config.models[a], config.models[b], "models")
+        for a in range(len(config.models))
+        for b in range(a + 1, len(config.models))
+    ]
+    for name in unique:
+        plan.append((name, _random_name(name, config.seed), "random-floor"))
+        plan.append(
+            (_random_name(name, config.seed), _random_name(name, config.seed + 1), "random-random")
+        )
+    total = sum(len(features[x].layers) * len(features[y].layers) for x, y, _ in plan)
+    pairs = []
+    with console.progress(disable=quiet) as bar:
+        task = bar.add_task("layer pairs", total=total)
+        for x, y, kind in plan:
+            measures = compare(features[x], features[y], config, bar, task)
+            pairs.append({"x": x, "y": y, "kind": kind, "measures": measures})
+    return {
+        "schema": "attrib-bench/similarity",
+        "version": 1,
+        "config": asdict(config),
+        "dataset": {
+            "name": data.name,
+            "split": data.split,
+            "fingerprint": data.fingerprint,
+            "sentences": len(data.examples),
+            "rows": sum(features[unique[0]].rows_per_sentence),
+        },
+        "models": [
+            {
+                "name": name,
+                "id": model.model_id,
+                "weights_sha256": model.weights_sha256,
+                "model_type": model.model.config.model_type,
+                "layers": len(features[name].layers) - 1,
+                "width": int(features[name].layers[0].shape[1]),
+            }
+            for name, model in loaded.items()
+        ],
+        "pairs": pairs,
+    }
+
+
+def _cell(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def tables(report: dict) -> list:
+    """Per model pair, the diagonal (i, i) of every measure with x's random-init floor beside."""
+    from rich.table import Table
+
+    floors = {p["x"]: p for p in report["pairs"] if p["kind"] == "random-floor"}
+    out = []
+    for pair in report["pairs"]:
+        if pair["kind"] == "random-floor":
+            continue
+        floor = floors.get(pair["x"]) if pair["kind"] == "models" else None
+        measures = pair["measures"]
+        depth = min(len(measures["linear_cka"]), len(measures["linear_cka"][0]))
+        title = f"{pair['x']} -> {pair['y']} ({pair['kind']}), layer pair (i, i)"
+        if floor is not None:
+            title += f"; in brackets the floor: {pair['x']} -> a random init of it"
+        table = Table(title=title, title_justify="left")
+        table.add_column("layer", justify="right")
+        for name in measures:
+            table.add_column(name, justify="right")
+        for i in range(depth):
+            cells = []
+            for name in measures:
+                cell = _cell(measures[name][i][i])
+                if floor is not None:
+                    row = floor["measures"][name]
+                    below = row[i][i] if i < len(row) and i < len(row[i]) else None
+                    cell += f" ({_cell(below)})"
+                cells.append(cell)
+            table.add_row(str(i), *cells)
+        out.append(table)
+    return out
+
+
+def plot_pairs(report: dict, directory: Path) -> list[Path]:
+    """A heatmap PNG per pair and measure (matplotlib, optional: attrib-bench[plot])."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError(
+            "--plots draws heatmaps with matplotlib: pip install 'attrib-bench[plot]'"
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for index, pair in enumerate(report["pairs"]):
+        for name, matrix in pair["measures"].items():
+            values = np.array(
+                [[np.nan if v is None else v for v in row] for row in matrix], dtype=float
+            )
+            figure, axis = plt.subplots(figsize=(4.6, 4))
+            image = axis.imshow(values, origin="lower", cmap="viridis")
+            figure.colorbar(image, ax=axis)
+            axis.set_xlabel(f"layer of {Path(pair['y']).name} (0 = embeddings)", fontsize=7)
+            axis.set_ylabel(f"layer of {Path(pair['x']).name}", fontsize=7)
+            axis.set_title(f"{name} ({pair['kind']})", fontsize=9)
+            figure.tight_layout()
+            path = directory / f"pair{index}-{pair['kind']}-{name}.png"
+            figure.savefig(path, dpi=100)
+            plt.close(figure)
+            written.append(path)
+    return written

@@ -1,0 +1,329 @@
+"""Representation similarity: each measure against a textbook float64 implementation written
+here from the formulas, the invariances that tell the measures apart, and the command end to end
+on the tiny BERT (``--no-learned``, so it does not depend on the alignment maps)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+from attrib_bench.analyses.similarity import (
+    linear_cka,
+    linreg_r2,
+    procrustes_distance,
+    pwcca,
+    rbf_cka,
+    svcca,
+)
+
+
+def _rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def _pair(n=60, d1=6, d2=5, seed=0):
+    rng = _rng(seed)
+    x = rng.normal(size=(n, d1))
+    y = np.tanh(x @ rng.normal(size=(d1, d2))) + 0.3 * rng.normal(size=(n, d2))
+    return x, y
+
+
+# --- textbook implementations (explicit formulas, independent of the module) -----------------
+
+
+def _hsic(k, l):  # noqa: E741
+    """Biased HSIC: tr(K H L H) / (n - 1)^2 with H = I - 11^T / n."""
+    n = len(k)
+    h = np.eye(n) - np.ones((n, n)) / n
+    return np.trace(k @ h @ l @ h) / (n - 1) ** 2
+
+
+def _cka(k, l):  # noqa: E741
+    return _hsic(k, l) / np.sqrt(_hsic(k, k) * _hsic(l, l))
+
+
+def _hsic_u_statistic(k, l):  # noqa: E741
+    """Song et al. 2012's unbiased HSIC as the U-statistic over distinct index 4-tuples:
+    mean of k_ij l_ij + k_ij l_qr - 2 k_ij l_iq."""
+    total, count = 0.0, 0
+    for i, j, q, r in itertools.permutations(range(len(k)), 4):
+        total += k[i, j] * l[i, j] + k[i, j] * l[q, r] - 2 * k[i, j] * l[i, q]
+        count += 1
+    return total / count
+
+
+def _rbf(x, threshold):
+    n = len(x)
+    squared = np.array([[np.sum((x[i] - x[j]) ** 2) for j in range(n)] for i in range(n)])
+    sigma2 = threshold**2 * np.median(squared)
+    return np.exp(-squared / (2 * sigma2))
+
+
+def _inverse_sqrt(matrix):
+    values, vectors = np.linalg.eigh(matrix)
+    return vectors @ np.diag(values**-0.5) @ vectors.T
+
+
+def _cca(x, y):
+    """Canonical correlations and X's canonical variates from the covariance matrices."""
+    xc, yc = x - x.mean(0), y - y.mean(0)
+    n = len(x)
+    sxx, syy, sxy = xc.T @ xc / (n - 1), yc.T @ yc / (n - 1), xc.T @ yc / (n - 1)
+    u, s, _ = np.linalg.svd(_inverse_sqrt(sxx) @ sxy @ _inverse_sqrt(syy))
+    k = min(x.shape[1], y.shape[1])
+    variates = xc @ _inverse_sqrt(sxx) @ u[:, :k]
+    return s[:k], variates
+
+
+# --- each measure against its textbook form --------------------------------------------------
+
+
+def test_linear_cka_matches_the_hsic_formula():
+    x, y = _pair()
+    assert linear_cka(x, y) == pytest.approx(_cka(x @ x.T, y @ y.T), abs=1e-10)
+
+
+def test_debiased_linear_cka_matches_the_u_statistic():
+    x, y = _pair(n=8)
+    k, l = x @ x.T, y @ y.T  # noqa: E741
+    expected = _hsic_u_statistic(k, l) / np.sqrt(_hsic_u_statistic(k, k) * _hsic_u_statistic(l, l))
+    assert linear_cka(x, y, debiased=True) == pytest.approx(expected, abs=1e-10)
+
+
+@pytest.mark.parametrize("threshold", [0.5, 1.0, 2.0])
+def test_rbf_cka_matches_the_kernel_formula(threshold):
+    x, y = _pair(n=30)
+    expected = _cka(_rbf(x, threshold), _rbf(y, threshold))
+    assert rbf_cka(x, y, threshold) == pytest.approx(expected, abs=1e-10)
+
+
+def test_svcca_matches_truncated_svd_then_cca():
+    x, y = _pair(n=80, d1=8, d2=7)
+
+    def reduce(a, keep):
+        ac = a - a.mean(0)
+        u, s, _ = np.linalg.svd(ac, full_matrices=False)
+        k = next(i + 1 for i in range(len(s)) if s[: i + 1].sum() >= keep * s.sum())
+        return u[:, :k] * s[:k]
+
+    for keep in (0.5, 0.9, 1.0):
+        correlations, _ = _cca(reduce(x, keep), reduce(y, keep))
+        assert svcca(x, y, keep) == pytest.approx(correlations.mean(), abs=1e-8)
+
+
+def test_pwcca_weights_correlations_by_projection_on_x():
+    x, y = _pair(n=80, d1=5, d2=7)
+    correlations, variates = _cca(x, y)
+    variates = variates / np.linalg.norm(variates, axis=0)
+    xc = x - x.mean(0)
+    alpha = np.array([sum(abs(h @ xc[:, j]) for j in range(x.shape[1])) for h in variates.T])
+    expected = np.sum(alpha / alpha.sum() * correlations)
+    assert pwcca(x, y) == pytest.approx(expected, abs=1e-8)
+    assert pwcca(x, y) != pytest.approx(correlations.mean(), abs=1e-4)  # weighting matters
+
+
+def test_procrustes_is_the_minimum_over_rotations():
+    x, y = _pair(d1=5, d2=5)
+    xc, yc = x - x.mean(0), y - y.mean(0)
+    xc, yc = xc / np.linalg.norm(xc), yc / np.linalg.norm(yc)
+    u, _, vt = np.linalg.svd(xc.T @ yc)
+    expected = np.sum((xc @ u @ vt - yc) ** 2)  # min_R ||X R - Y||_F^2, R orthogonal
+    assert procrustes_distance(x, y) == pytest.approx(expected, abs=1e-10)
+    # different widths: 2 - 2 ||X^T Y||_* (Ding et al. 2021)
+    x, y = _pair(d1=6, d2=3)
+    xc, yc = x - x.mean(0), y - y.mean(0)
+    xc, yc = xc / np.linalg.norm(xc), yc / np.linalg.norm(yc)
+    nuclear = np.linalg.svd(xc.T @ yc, compute_uv=False).sum()
+    assert procrustes_distance(x, y) == pytest.approx(2 - 2 * nuclear, abs=1e-10)
+
+
+def test_linreg_r2_matches_least_squares_and_ridge():
+    x, y = _pair(n=50)
+    train, test = slice(0, 35), slice(35, None)
+
+    def r2(predicted, target):
+        return 1 - np.sum((target - predicted) ** 2) / np.sum((target - target.mean(0)) ** 2)
+
+    design = np.hstack([x[train], np.ones((35, 1))])
+    weights = np.linalg.lstsq(design, y[train], rcond=None)[0]
+    predicted = np.hstack([x[test], np.ones((15, 1))]) @ weights
+    assert linreg_r2(x[train], y[train], x[test], y[test]) == pytest.approx(
+        r2(predicted, y[test]), abs=1e-10
+    )
+    # fewer train rows than features: ridge, lambda = 1e-3 trace(Xc^T Xc) / d (primal form)
+    x, y = _pair(n=12, d1=20, d2=4)
+    xtr, ytr, xte, yte = x[:8], y[:8], x[8:], y[8:]
+    xc, yc = xtr - xtr.mean(0), ytr - ytr.mean(0)
+    lam = 1e-3 * np.trace(xc.T @ xc) / 20
+    weights = np.linalg.solve(xc.T @ xc + lam * np.eye(20), xc.T @ yc)
+    predicted = (xte - xtr.mean(0)) @ weights + ytr.mean(0)
+    assert linreg_r2(xtr, ytr, xte, yte) == pytest.approx(r2(predicted, yte), abs=1e-8)
+
+
+# --- invariances -----------------------------------------------------------------------------
+
+
+def test_identity_gives_perfect_scores():
+    x, _ = _pair()
+    assert linear_cka(x, x) == pytest.approx(1, abs=1e-12)
+    assert linear_cka(x, x, debiased=True) == pytest.approx(1, abs=1e-12)
+    assert rbf_cka(x, x) == pytest.approx(1, abs=1e-12)
+    assert svcca(x, x) == pytest.approx(1, abs=1e-8)
+    assert pwcca(x, x) == pytest.approx(1, abs=1e-8)
+    assert procrustes_distance(x, x) == pytest.approx(0, abs=1e-10)
+
+
+def test_orthogonal_transform_and_isotropic_scaling_are_a_known_bijection():
+    x, _ = _pair(d1=6)
+    q = np.linalg.qr(_rng(3).normal(size=(6, 6)))[0]
+    y = 7.5 * x @ q + 2.0  # rotation, scale and shift
+    assert linear_cka(x, y) == pytest.approx(1, abs=1e-10)
+    assert linear_cka(x, y, debiased=True) == pytest.approx(1, abs=1e-10)
+    assert rbf_cka(x, y) == pytest.approx(1, abs=1e-10)
+    assert procrustes_distance(x, y) == pytest.approx(0, abs=1e-10)
+    x2, y2 = _pair()
+    assert procrustes_distance(x2, y2) > 0.05  # an unrelated pair is not at distance 0
+
+
+def test_invertible_linear_map_keeps_cca_and_regression_but_not_cka():
+    x = _rng(1).normal(size=(200, 6))
+    q1, q2 = (np.linalg.qr(_rng(s).normal(size=(6, 6)))[0] for s in (4, 5))
+    a = q1 @ np.diag(np.logspace(-1, 1, 6)) @ q2  # invertible, far from orthogonal
+    y = x @ a
+    assert svcca(x, y, keep=1.0) == pytest.approx(1, abs=1e-8)
+    assert pwcca(x, y) == pytest.approx(1, abs=1e-8)
+    assert linreg_r2(x[:140], y[:140], x[140:], y[140:]) == pytest.approx(1, abs=1e-8)
+    assert linear_cka(x, y) < 0.8
+    assert procrustes_distance(x, y) > 0.1
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def _similarity(run_cli, tiny, output, *extra):
+    return run_cli(
+        "similarity",
+        "--models",
+        f"{tiny},{tiny}",
+        "--dataset",
+        "default",
+        "--limit",
+        "24",
+        "--output",
+        output,
+        "--quiet",
+        *extra,
+    )
+
+
+def test_command_model_with_itself(tiny_bert, run_cli, tmp_path):
+    output = tmp_path / "similarity.json"
+    code, out, err = _similarity(
+        run_cli, tiny_bert, output, "--no-learned", "--plots", tmp_path / "plots"
+    )
+    assert code == 0, err
+    report = json.loads(output.read_text())
+    assert report["schema"] == "attrib-bench/similarity" and report["version"] == 1
+    assert [m["layers"] for m in report["models"]] == [3]  # one model, loaded once
+    kinds = [p["kind"] for p in report["pairs"]]
+    assert kinds == ["models", "random-floor", "random-random"]
+    measures = ["linear_cka", "rbf_cka", "svcca", "pwcca", "procrustes", "linreg_r2"]
+    for pair in report["pairs"]:
+        assert list(pair["measures"]) == measures
+        for matrix in pair["measures"].values():
+            assert len(matrix) == 4 and all(len(row) == 4 for row in matrix)
+            assert all(v is not None for row in matrix for v in row)
+    itself = report["pairs"][0]["measures"]
+    for i in range(4):
+        assert itself["linear_cka"][i][i] == pytest.approx(1, abs=1e-6)
+        assert itself["procrustes"][i][i] == pytest.approx(0, abs=1e-6)
+    floor = report["pairs"][1]["measures"]["linear_cka"]
+    assert all(floor[i][i] < 1 - 1e-3 for i in range(1, 4))
+    assert report["pairs"][2]["x"].startswith("random-init:")
+    assert "linear_cka" in out and "random-random" in out
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 3 * len(measures)
+
+
+def test_token_level_rows_are_tokens(tiny_bert, run_cli, tmp_path):
+    output = tmp_path / "tokens.json"
+    code, _, err = _similarity(run_cli, tiny_bert, output, "--no-learned", "--token-level")
+    assert code == 0, err
+    report = json.loads(output.read_text())
+    assert report["dataset"]["rows"] > report["dataset"]["sentences"] == 24
+    cka = report["pairs"][0]["measures"]["linear_cka"]
+    assert all(cka[i][i] == pytest.approx(1, abs=1e-6) for i in range(4))
+
+
+def test_token_level_refuses_different_tokenizers(tiny_bert, run_cli, tmp_path):
+    other = tmp_path / "other"  # the same weights, a vocabulary with "the" and "a" swapped
+    shutil.copytree(tiny_bert, other)
+    tokenizer = json.loads((other / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    vocab["the"], vocab["a"] = vocab["a"], vocab["the"]
+    (other / "tokenizer.json").write_text(json.dumps(tokenizer))
+    code, _, err = run_cli(
+        "similarity",
+        "--models",
+        f"{tiny_bert},{other}",
+        "--dataset",
+        "default",
+        "--limit",
+        "8",
+        "--token-level",
+        "--no-learned",
+        "--quiet",
+        "--output",
+        tmp_path / "x.json",
+    )
+    assert code == 2 and "share the tokenizer" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "models, extra, message",
+    [
+        ("{m}", [], "at least 2"),
+        ("{m},/no/such/model", [], "not found"),
+        ("{m},{m}", ["--limit", "2"], "at least 4 sentences"),
+        ("{m},{m}", ["--limit", "0"], "--limit"),
+        ("{m},{m}", ["--svcca-keep", "1.5"], "--svcca-keep"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(tiny_bert, run_cli, tmp_path, models, extra, message):
+    code, _, err = run_cli(
+        "similarity",
+        "--models",
+        models.format(m=tiny_bert),
+        "--dataset",
+        "default",
+        "--no-learned",
+        "--quiet",
+        "--output",
+        tmp_path / "x.json",
+        *extra,
+    )
+    assert code == 2 and message in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_missing_alignment_module_is_a_usage_error(tiny_bert, run_cli, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "attrib_bench.analyses.alignment", None)
+    code, _, err = _similarity(run_cli, tiny_bert, tmp_path / "x.json")
+    assert code == 2 and "--no-learned" in err
+
+
+def test_learned_maps_on_the_diagonal(tiny_bert, run_cli, tmp_path):
+    pytest.importorskip("attrib_bench.analyses.alignment")
+    output = tmp_path / "learned.json"
+    code, _, err = _similarity(run_cli, tiny_bert, output)
+    assert code == 0, err
+    measures = json.loads(output.read_text())["pairs"][0]["measures"]
+    for name in ("linear_mse", "linear_r2", "mlp_mse", "mlp_r2", "inn_mse", "inn_r2"):
+        matrix = measures[name]
+        assert all(matrix[i][i] is not None for i in range(4)), name
+        assert all(matrix[i][j] is None for i in range(4) for j in range(4) if i != j), name
