@@ -123,9 +123,14 @@ def cca_correlations(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarr
     """Canonical correlations (descending) and X's canonical variates (n, k), orthonormal.
 
     The correlations are the singular values of Qx^T Qy, Q orthonormal bases of the centred
-    features; k = min(rank X, rank Y). With n <= rank, every correlation is trivially 1.
+    features; k = min(rank X, rank Y); none (an undefined score) when rank X + rank Y > n - 1, where
+    that many correlations would be 1 whatever the features.
     """
     qx, qy = _basis(_centred(x)), _basis(_centred(y))
+    if qx.shape[1] + qy.shape[1] > x.shape[0] - 1:
+        # Centred, the n rows span n - 1 dimensions: two subspaces whose ranks add up to more
+        # meet, and that many correlations are 1 whatever the models (an undefined score).
+        return np.array([]), np.zeros((x.shape[0], 0))
     u, s, _ = scipy.linalg.svd(qx.T @ qy, full_matrices=False)
     k = min(qx.shape[1], qy.shape[1])
     return np.clip(s[:k], 0.0, 1.0), qx @ u[:, :k]
@@ -147,7 +152,7 @@ def svcca(x: np.ndarray, y: np.ndarray, keep: float = 0.9) -> float:
     """SVCCA (Raghu et al. 2017): SVD-reduce both, then the mean canonical correlation."""
     _check(x, y)
     correlations, _ = cca_correlations(svd_reduce(x, keep), svd_reduce(y, keep))
-    return float(correlations.mean())
+    return float(correlations.mean()) if len(correlations) else float("nan")
 
 
 def pwcca(x: np.ndarray, y: np.ndarray) -> float:
@@ -156,7 +161,7 @@ def pwcca(x: np.ndarray, y: np.ndarray) -> float:
     _check(x, y)
     correlations, variates = cca_correlations(x, y)
     weights = np.abs(variates.T @ _centred(x)).sum(axis=1)
-    if weights.sum() <= 0:
+    if not len(correlations) or weights.sum() <= 0:
         return float("nan")
     return float(np.sum(weights / weights.sum() * correlations))
 
