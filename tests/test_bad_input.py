@@ -251,6 +251,26 @@ CASES = [
         id="finetune-batch-size-0",
     ),
     pytest.param(
+        ["finetune", "--model", "{bert}", "--seed", "1", "--seeds", "0,1", "--quiet"],
+        ["--seed", "--seeds", "not both"],
+        id="finetune-seed-and-seeds",
+    ),
+    pytest.param(
+        ["finetune", "--model", "{bert}", "--seeds", "0,x", "--quiet"],
+        ["--seeds", "integers", "'0,x'"],
+        id="finetune-seeds-not-integers",
+    ),
+    pytest.param(
+        ["finetune", "--model", "{bert}", "--seeds", "", "--quiet"],
+        ["--seeds", "integers", "''"],
+        id="finetune-seeds-empty",
+    ),
+    pytest.param(
+        ["finetune", "--model", "{bert}", "--seeds", "0,1,0", "--quiet"],
+        ["--seeds", "seed 0 more than once"],
+        id="finetune-seeds-duplicated",
+    ),
+    pytest.param(
         ["run", "--attributors", "[bold]", "--quiet"],
         ["unknown attributor '[bold]'"],
         id="value-that-looks-like-markup",

@@ -12,6 +12,8 @@ import re
 import runpy
 import subprocess
 import sys
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from conftest import SHARED_DATA
@@ -517,6 +519,89 @@ def test_finetune_trains_once_and_caches_under_attrib_bench_cache(
 
     # Nothing went to the default test cache (the autouse fixture's): the variable decides.
     assert not (tmp_path / "cache").exists()
+
+
+def test_finetune_seeds_one_model_per_seed_cached_and_deterministic(
+    tiny_bert, run_cli, tmp_path, monkeypatch
+):
+    from attrib_bench.model import finetune as finetune_module
+    from attrib_bench.model.load import load_model
+
+    cache = tmp_path / "my-cache"
+    monkeypatch.setenv("ATTRIB_BENCH_CACHE", str(cache))
+    output = tmp_path / "seeds"
+    common = ("finetune", "--model", tiny_bert, "--dataset", "default", "--limit", "32")
+    common += ("--batch-size", "16", "--quiet")
+    code, out, err = run_cli(*common, "--seeds", "0,1", "--output", output)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 2, out
+    for seed, line in zip((0, 1), lines, strict=True):
+        assert line.startswith(f"seed {seed}: model: {output / f'seed-{seed}'}  accuracy: 0."), line
+        assert "training seconds: " in line
+    models = [load_model(str(output / f"seed-{seed}"), "cpu") for seed in (0, 1)]
+    assert models[0].weights_sha256 != models[1].weights_sha256  # two different models
+    shapes = [{k: v.shape for k, v in m.model.state_dict().items()} for m in models]
+    assert shapes[0] == shapes[1]  # of the same architecture
+    configs = [{**m.model.config.to_dict(), "_name_or_path": None} for m in models]
+    assert configs[0] == configs[1]
+    entries = sorted((cache / "models").iterdir())
+    assert len(entries) == 2
+    seeds = {finetune_module.read_metadata(e)["config"]["seed"] for e in entries}
+    assert seeds == {0, 1}
+
+    # The same seeds again (in another order, without --output): both cached, nothing trained;
+    # the cache paths are printed, as the single fine-tune prints its own.
+    def no_training(*_args, **_kwargs):
+        raise AssertionError("fine-tuned again although the inputs did not change")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(finetune_module, "_train", no_training)
+        code, again, err = run_cli(*common, "--seeds", "1,0")
+        assert code == 0, err
+        by_seed = {e.name: finetune_module.read_metadata(e)["config"]["seed"] for e in entries}
+        printed = re.findall(r"seed (\d): model: (\S+)", again)
+        assert [(int(s), by_seed[Path(p).name]) for s, p in printed] == [(1, 1), (0, 0)]
+        # The single fine-tune with one of those seeds shares its cache entry.
+        code, single, err = run_cli(*common, "--seed", "1")
+        assert code == 0, err
+        assert f"model: {dict(printed)['1']}" in single
+    assert sorted((cache / "models").iterdir()) == entries
+
+    # Determinism: seed 1 trained afresh in an empty cache gives the same weights.
+    monkeypatch.setenv("ATTRIB_BENCH_CACHE", str(tmp_path / "fresh-cache"))
+    code, fresh, err = run_cli(*common, "--seed", "1")
+    assert code == 0, err
+    directory = re.search(r"model: (\S+)", fresh).group(1)
+    assert load_model(directory, "cpu").weights_sha256 == models[1].weights_sha256
+
+
+def test_finetune_seed_drives_head_initialisation_and_dropout(tiny_bert, tmp_path):
+    """An encoder without a head, learning rate 0: the seeds' heads differ, the shared encoder
+    does not. A classifier with its head, one batch (so one data order): dropout differs."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from attrib_bench.model.finetune import FinetuneConfig, finetune_seeds
+    from attrib_bench.model.load import load_model
+
+    encoder = tmp_path / "encoder"
+    BertModel(BertConfig.from_pretrained(tiny_bert)).save_pretrained(encoder)
+    AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(encoder)
+    config = FinetuneConfig(model=str(encoder), dataset="default", limit=8, batch_size=8)
+    states = [
+        load_model(str(d), "cpu").model.state_dict()
+        for d in finetune_seeds(replace(config, learning_rate=0.0), [0, 1], quiet=True)
+    ]
+    heads = [k for k in states[0] if k.startswith("classifier.")]
+    assert heads and not torch.equal(states[0]["classifier.weight"], states[1]["classifier.weight"])
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0] if k not in heads)
+
+    trained = [
+        load_model(str(d), "cpu").weights_sha256
+        for d in finetune_seeds(replace(config, model=str(tiny_bert)), [0, 1], quiet=True)
+    ]
+    assert trained[0] != trained[1]
 
 
 # ------------------------------------------------------------------------------------- MiniLM

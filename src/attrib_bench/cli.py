@@ -161,12 +161,18 @@ def build_parser() -> argparse.ArgumentParser:
     finetune.add_argument("--model", help="encoder hub id or local directory (default: MiniLM)")
     _add_data_options(finetune)
     finetune.set_defaults(split=None)
-    finetune.add_argument("--output", type=Path, help="copy the fine-tuned model here")
+    finetune.add_argument(
+        "--output", type=Path, help="copy the fine-tuned model here (with --seeds: DIR/seed-N)"
+    )
     finetune.add_argument("--epochs", type=int, default=1)
     finetune.add_argument("--learning-rate", type=float, default=5e-5)
     finetune.add_argument("--batch-size", type=int, default=32)
     finetune.add_argument("--max-length", type=int, default=128)
-    finetune.add_argument("--seed", type=int, default=0)
+    finetune.add_argument("--seed", type=int, help="training seed (default: 0)")
+    finetune.add_argument(
+        "--seeds",
+        help="one model per seed, comma-separated (0,1,2): head init, data order, dropout",
+    )
     finetune.add_argument("--device", default="auto")
     finetune.add_argument("--quiet", action="store_true")
 
@@ -417,14 +423,31 @@ def _attribute(args: argparse.Namespace, out: Console) -> int:
     return ExitCode.OK if complete else ExitCode.PARTIAL
 
 
+def _seed_list(value: str) -> list[int]:
+    """``--seeds 0,1,2``: distinct integers, at least one."""
+    items = [item.strip() for item in value.split(",")]
+    try:
+        seeds = [int(item) for item in items]
+    except ValueError:
+        raise UsageError(f"--seeds takes comma-separated integers (0,1,2), got {value!r}") from None
+    repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
+    if repeated:
+        raise UsageError(f"--seeds lists seed {repeated[0]} more than once ({value!r})")
+    return seeds
+
+
 def _finetune(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.model.finetune import (
         FinetuneConfig,
         default_model_source,
         finetune,
+        finetune_seeds,
         read_metadata,
     )
 
+    if args.seeds is not None and args.seed is not None:
+        raise UsageError("give --seed (one model) or --seeds (one per seed), not both")
+    seeds = _seed_list(args.seeds) if args.seeds is not None else None
     config = FinetuneConfig(
         model=args.model or default_model_source(),
         dataset=args.dataset,
@@ -437,13 +460,27 @@ def _finetune(args: argparse.Namespace, out: Console) -> int:
         learning_rate=args.learning_rate,
         batch_size=args.batch_size,
         max_length=args.max_length,
-        seed=args.seed,
+        seed=0 if args.seed is None else args.seed,
     )
-    directory = finetune(config, args.output, args.device, quiet=args.quiet)
-    metadata = read_metadata(directory)
-    accuracy = metadata["eval_accuracy"]
-    shown = f"{accuracy:.4f} on {metadata['eval_split']}" if accuracy is not None else "n/a"
-    out.print(f"model: {directory}\naccuracy: {shown}\ntraining seconds: {metadata['seconds']}")
+
+    def accuracy(metadata: dict) -> str:
+        value = metadata["eval_accuracy"]
+        return f"{value:.4f} on {metadata['eval_split']}" if value is not None else "n/a"
+
+    if seeds is None:
+        directory = finetune(config, args.output, args.device, quiet=args.quiet)
+        metadata = read_metadata(directory)
+        shown = accuracy(metadata)
+        out.print(f"model: {directory}\naccuracy: {shown}\ntraining seconds: {metadata['seconds']}")
+        return ExitCode.OK
+    directories = finetune_seeds(config, seeds, args.output, args.device, quiet=args.quiet)
+    for seed, directory in zip(seeds, directories, strict=True):
+        metadata = read_metadata(directory)
+        out.print(
+            f"seed {seed}: model: {directory}  accuracy: {accuracy(metadata)}  "
+            f"training seconds: {metadata['seconds']}",
+            soft_wrap=True,
+        )
     return ExitCode.OK
 
 
