@@ -265,7 +265,8 @@ def extract_features(model, tokenizer, examples, device, max_length: int, token_
     per_sentence: list = [None] * len(examples)
     for batch in batches:
         inputs = {k: v.to(device) for k, v in batch.model_inputs().items()}
-        output = model(**inputs, output_hidden_states=True)
+        with torch.no_grad():  # features only: no autograd graph over every layer
+            output = model(**inputs, output_hidden_states=True)
         stacked_BLND = torch.stack(output.hidden_states, dim=1).double().cpu()
         mask_BN = batch.attention_mask_BN.bool()
         for b, example in enumerate(batch.examples):

@@ -231,21 +231,37 @@ def with_next_tokens(data: LoadedData, loaded: LoadedModel) -> tuple[LoadedData,
     return dataclasses.replace(data, examples=examples), len(shared)
 
 
-def right_answers(prepared: Prepared) -> dict[str, bool] | None:
+def _right(batch: Batch, scores_B: torch.Tensor) -> dict[str, bool]:
+    return {e.id: s > 0 for e, s in zip(batch.examples, scores_B.tolist(), strict=True)}
+
+
+def traced_right_answers(trace: Trace) -> dict[str, bool]:
+    """``right_answers`` of a traced batch, read from its logits when the run's target is the
+    next-token score itself (the default for next-token data); else nothing."""
+    if trace.target != NEXT_TOKEN_TARGET:
+        return {}
+    return _right(
+        trace.batch, target_score(trace.logits_BC, trace.target_classes_B, trace.target_foils_B)
+    )
+
+
+def right_answers(prepared: Prepared, known: Mapping[str, bool]) -> dict[str, bool] | None:
     """Per next-token example, whether the model gets it right: logit(good) > logit(bad) at the
     prefix's last token (s(x) <= 0 is wrong), whatever the run's target; None for other data.
-    One forward pass per batch of its own, so examples restored from the cache count too."""
+    ``known`` holds what the traces already gave (``traced_right_answers``); the other batches
+    (restored from the cache, or traced for another target) get a forward pass of their own."""
     if prepared.data.next_tokens is None:
         return None
     loaded, last = prepared.loaded, Target(position="last")
-    right = {}
+    right = dict(known)
     for batch in prepared.batches:
+        if all(e.id in right for e in batch.examples):
+            continue
         batch = batch.to(loaded.device)
         with torch.no_grad():
             logits = loaded.model(**batch.model_inputs()).logits
         logits_BV = target_logits(loaded, logits, last.positions(batch.attention_mask_BN))
-        scores_B = target_score(logits_BV, batch.labels, batch.foils)
-        right.update({e.id: s > 0 for e, s in zip(batch.examples, scores_B.tolist(), strict=True)})
+        right.update(_right(batch, target_score(logits_BV, batch.labels, batch.foils)))
     return right
 
 
@@ -446,7 +462,10 @@ def run_benchmark(config: RunConfig, quiet: bool = False, cache: bool = True) ->
             )
     stream = dataclasses.replace(prepared, batches=batches)
     skip = store.restore if store is not None else None
+    traced_right: dict[str, bool] = {}
     for trace, results in attribution_stream(stream, methods, config.seed, quiet=quiet, skip=skip):
+        if prepared.data.next_tokens is not None:
+            traced_right.update(traced_right_answers(trace))
         reference = results.get(reference_spec)
         if reference is None and store is not None and reference_method.error is None:
             reference = store.attribution(reference_spec, trace.batch)  # not run on this batch
@@ -471,7 +490,12 @@ def run_benchmark(config: RunConfig, quiet: bool = False, cache: bool = True) ->
                     "the method is marked 'undefined' and the run is partial"
                 )
     document = build_result(
-        config, prepared, methods, evaluators, evaluator_errors, right_answers(prepared)
+        config,
+        prepared,
+        methods,
+        evaluators,
+        evaluator_errors,
+        right_answers(prepared, traced_right),
     )
     if store is not None:
         document["cache"] = store.describe()
