@@ -21,12 +21,14 @@ from helpers import examples, one_batch
 from attrib_bench.model.load import load_model
 from attrib_bench.runner.cache import (
     NO_CACHE_ENV,
+    PRESENTATION_MODULES,
     atomic_write,
     code_identity,
     digest,
     example_key,
     read_entry,
     results_root,
+    source_digest,
 )
 
 COUNTING = Path(__file__).parent / "plugin_fixtures" / "counting_plugin.py"
@@ -198,6 +200,43 @@ def test_keys_follow_parameters_version_and_source(tmp_path):
 
     # Key order does not matter; the digest is of content.
     assert digest({"a": 1, "b": [1, 2]}) == digest({"b": [1, 2], "a": 1})
+
+
+def test_every_presentation_path_exists_in_the_package():
+    """A renamed module must not silently fall back into the numeric core's digest (after the
+    package was split into folders, 'reports.py' named nothing and every report edit missed)."""
+    import attrib_bench
+
+    root = Path(attrib_bench.__file__).parent
+    for entry in PRESENTATION_MODULES:
+        path = root / entry
+        assert path.is_dir() if entry.endswith("/") else path.is_file(), entry
+
+
+def test_the_core_digest_skips_presentation_files_and_follows_the_rest(tmp_path, monkeypatch):
+    package = tmp_path / "fakecore"
+    for name in (
+        "__init__.py",
+        "engine.py",
+        "reports/__init__.py",
+        "reports/html.py",
+        "runner/cache.py",
+        "runner/engine.py",
+    ):
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(f"# {name}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    __import__("fakecore.engine")
+    try:
+        before = source_digest("fakecore.engine", exclude=PRESENTATION_MODULES)
+        for name in ("reports/html.py", "runner/cache.py"):
+            (package / name).write_text("# edited, longer than before\n")
+            assert source_digest("fakecore.engine", exclude=PRESENTATION_MODULES) == before, name
+        (package / "runner/engine.py").write_text("# edited, longer than before\n")
+        assert source_digest("fakecore.engine", exclude=PRESENTATION_MODULES) != before
+    finally:
+        for module in [m for m in sys.modules if m.startswith("fakecore")]:
+            del sys.modules[module]
 
 
 def test_editing_a_plugin_file_misses_the_cache(tiny_bert, run_cli, tmp_path, cache_on):

@@ -14,6 +14,10 @@ import numpy as np
 import pytest
 
 from attrib_bench.analyses.similarity import (
+    Features,
+    SimilarityConfig,
+    compare,
+    gram_rows,
     linear_cka,
     linreg_r2,
     procrustes_distance,
@@ -166,6 +170,87 @@ def test_linreg_r2_matches_least_squares_and_ridge():
     assert linreg_r2(xtr, ytr, xte, yte) == pytest.approx(r2(predicted, yte), abs=1e-8)
 
 
+# --- memory: feature-space linear CKA, the Gram row cap ---------------------------------------
+
+
+@pytest.mark.parametrize("n, d1, d2", [(60, 6, 5), (7, 20, 3), (200, 3, 9)])
+def test_feature_space_linear_cka_equals_the_gram_form(n, d1, d2):
+    x, y = _pair(n=n, d1=d1, d2=d2, seed=n)
+    x, y = x * 3.0 + 5.0, y - 2.0  # uncentred input: the measure centres it
+    assert linear_cka(x, y) == pytest.approx(_cka(x @ x.T, y @ y.T), abs=1e-10)
+
+
+def test_biased_linear_cka_builds_no_n_by_n_matrix():
+    """200,000 rows of 3 features: an n x n float64 matrix would be 320 GB; the feature-space form
+    needs a few copies of the 4.8 MB inputs. tracemalloc sees numpy's allocations."""
+    import tracemalloc
+
+    n = 200_000
+    x, y = _pair(n=n, d1=3, d2=3)
+    tracemalloc.start()
+    try:
+        value = linear_cka(x, y)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert 0 < value < 1
+    assert peak < 10 * x.nbytes  # n x n would be n / 3 = 66,667 times x's size
+
+
+def _features(layers):
+    n = layers[0].shape[0]
+    return Features(layers=layers, rows_per_sentence=[1] * n, input_ids=[[0]] * n)
+
+
+def _config(**overrides):
+    return SimilarityConfig(models=["x", "y"], learned=False, debiased=True, **overrides)
+
+
+def test_gram_rows_are_a_seeded_subset_only_above_the_cap():
+    assert gram_rows(100, None, 0) is None and gram_rows(100, 100, 0) is None
+    rows = gram_rows(100, 30, 7)
+    assert len(rows) == len(set(rows.tolist())) == 30 and np.all(np.diff(rows) > 0)
+    assert rows.min() >= 0 and rows.max() < 100
+    assert np.array_equal(rows, gram_rows(100, 30, 7))  # reproducible from the seed
+    assert not np.array_equal(rows, gram_rows(100, 30, 8))
+    expected = np.sort(np.random.default_rng(7).choice(100, size=30, replace=False))
+    assert np.array_equal(rows, expected)  # the documented rule
+
+
+def test_capped_gram_measures_use_exactly_the_paired_subset():
+    x, y = _pair(n=90, d1=6, d2=5)
+    cap, seed = 25, 3
+    config = _config(max_gram_rows=cap, seed=seed)
+    result = compare(_features([x]), _features([y]), config)
+    rows = gram_rows(90, cap, seed)
+    xs, ys = x[rows], y[rows]
+    assert result["rbf_cka"][0][0] == pytest.approx(_cka(_rbf(xs, 1.0), _rbf(ys, 1.0)), abs=1e-10)
+    assert result["rbf_cka"][0][0] != pytest.approx(rbf_cka(x, y), abs=1e-6)
+    assert result["linear_cka_debiased"][0][0] == pytest.approx(
+        linear_cka(xs, ys, debiased=True), abs=1e-12
+    )
+    # measures without n x n matrices keep every row
+    assert result["linear_cka"][0][0] == pytest.approx(_cka(x @ x.T, y @ y.T), abs=1e-10)
+    assert result["procrustes"][0][0] == procrustes_distance(x, y)
+    # paired: the same rows for x and y, so a model against itself stays at 1
+    itself = compare(_features([x]), _features([x]), config)
+    assert itself["rbf_cka"][0][0] == pytest.approx(1, abs=1e-12)
+    assert itself["linear_cka_debiased"][0][0] == pytest.approx(1, abs=1e-12)
+    # reproducible from the seed, and the seed matters
+    assert compare(_features([x]), _features([y]), config) == result
+    other = compare(_features([x]), _features([y]), _config(max_gram_rows=cap, seed=seed + 1))
+    assert other["rbf_cka"][0][0] != result["rbf_cka"][0][0]
+
+
+def test_below_the_cap_nothing_changes():
+    x, y = _pair(n=40)
+    capped = compare(_features([x]), _features([y]), _config(max_gram_rows=40))
+    uncapped = compare(_features([x]), _features([y]), _config(max_gram_rows=None))
+    assert capped == uncapped
+    assert capped["rbf_cka"][0][0] == rbf_cka(x, y)
+    assert capped["linear_cka_debiased"][0][0] == linear_cka(x, y, debiased=True)
+
+
 # --- invariances -----------------------------------------------------------------------------
 
 
@@ -256,6 +341,36 @@ def test_command_model_with_itself(tiny_bert, run_cli, tmp_path):
     assert len(list((tmp_path / "plots").glob("*.png"))) == 3 * len(measures)
 
 
+def test_seed_models_share_one_random_init_and_one_random_pair(tiny_bert, run_cli, tmp_path):
+    """Models of one architecture get the same random init, so it is built and compared once:
+    each model's floor is against it, and there is a single random-random pair."""
+    twin = tmp_path / "twin"
+    shutil.copytree(tiny_bert, twin)
+    output = tmp_path / "twins.json"
+    code, _, err = run_cli(
+        "similarity",
+        "--models",
+        f"{tiny_bert},{twin}",
+        "--dataset",
+        "default",
+        "--limit",
+        "12",
+        "--no-learned",
+        "--output",
+        output,
+        "--quiet",
+    )
+    assert code == 0, err
+    pairs = json.loads(output.read_text())["pairs"]
+    assert [p["kind"] for p in pairs] == ["models", "random-floor", "random-floor", "random-random"]
+    shared = f"random-init:{tiny_bert}@seed0"
+    assert [p["x"] for p in pairs[1:3]] == [str(tiny_bert), str(twin)]
+    assert [p["y"] for p in pairs[1:3]] == [shared, shared]
+    assert pairs[3]["x"] == shared
+    # The twin's floor is the model's own: the same weights against the same random init.
+    assert pairs[1]["measures"] == pairs[2]["measures"]
+
+
 def test_token_level_rows_are_tokens(tiny_bert, run_cli, tmp_path):
     output = tmp_path / "tokens.json"
     code, _, err = _similarity(run_cli, tiny_bert, output, "--no-learned", "--token-level")
@@ -264,6 +379,37 @@ def test_token_level_rows_are_tokens(tiny_bert, run_cli, tmp_path):
     assert report["dataset"]["rows"] > report["dataset"]["sentences"] == 24
     cka = report["pairs"][0]["measures"]["linear_cka"]
     assert all(cka[i][i] == pytest.approx(1, abs=1e-6) for i in range(4))
+
+
+def test_token_level_cap_is_recorded(tiny_bert, run_cli, tmp_path):
+    output = tmp_path / "capped.json"
+    code, _, err = _similarity(
+        run_cli,
+        tiny_bert,
+        output,
+        "--no-learned",
+        "--token-level",
+        "--debiased",
+        "--max-gram-rows",
+        "50",
+        "--seed",
+        "5",
+    )
+    assert code == 0, err
+    report = json.loads(output.read_text())
+    rows = report["dataset"]["rows"]
+    assert rows > 50
+    record = report["gram_subsample"]
+    assert record["rows"] == 50 and record["of"] == rows and record["seed"] == 5
+    assert record["measures"] == ["rbf_cka", "linear_cka_debiased"]
+    assert report["config"]["max_gram_rows"] == 50
+    itself = report["pairs"][0]["measures"]
+    assert all(itself["rbf_cka"][i][i] == pytest.approx(1, abs=1e-6) for i in range(4))
+    # the default cap (4000) is far above these rows: every row, and the report says so
+    code, _, err = _similarity(run_cli, tiny_bert, output, "--no-learned", "--token-level")
+    assert code == 0, err
+    report = json.loads(output.read_text())
+    assert report["gram_subsample"] is None and report["config"]["max_gram_rows"] == 4000
 
 
 def test_token_level_refuses_different_tokenizers(tiny_bert, run_cli, tmp_path):
@@ -299,6 +445,7 @@ def test_token_level_refuses_different_tokenizers(tiny_bert, run_cli, tmp_path):
         ("{m},{m}", ["--limit", "2"], "at least 4 sentences"),
         ("{m},{m}", ["--limit", "0"], "--limit"),
         ("{m},{m}", ["--svcca-keep", "1.5"], "--svcca-keep"),
+        ("{m},{m}", ["--max-gram-rows", "3"], "--max-gram-rows"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(tiny_bert, run_cli, tmp_path, models, extra, message):

@@ -167,7 +167,6 @@ def test_a_foil_that_is_the_predicted_class_scores_zero_there(target, foils, zer
     assert scores_B.eq(0).tolist() == zero
 
 
-
 def test_the_data_checks_count_over_every_example():
     labelled = [Example(str(i), "a", label=i % 2, foil=1 - i % 2) for i in range(4)]
     unlabelled = [Example(str(i), "a", label=None if i else 0, foil=1) for i in range(4)]

@@ -31,6 +31,7 @@ _EXPORTS = {
     "EvalContext": "attrib_bench.core.interfaces",
     "Evaluator": "attrib_bench.core.interfaces",
     "Example": "attrib_bench.core.interfaces",
+    "ModelEvaluator": "attrib_bench.core.interfaces",
     "TRACE_FIELDS": "attrib_bench.core.trace_fields",
     "Trace": "attrib_bench.model.trace",
     "TraceField": "attrib_bench.core.trace_fields",
@@ -48,6 +49,7 @@ __all__ = [
     "Evaluator",
     "Example",
     "ExitCode",
+    "ModelEvaluator",
     "Trace",
     "TraceField",
     "UsageError",
@@ -73,6 +75,7 @@ if TYPE_CHECKING:
         EvalContext,
         Evaluator,
         Example,
+        ModelEvaluator,
     )
     from attrib_bench.core.trace_fields import TRACE_FIELDS, TraceField
     from attrib_bench.model.trace import Trace

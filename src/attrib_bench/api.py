@@ -47,10 +47,10 @@ def run_plan(plan: RunPlan, quiet: bool = True) -> dict[str, Any]:
     and write the result where the plan says."""
     from attrib_bench.results import write_json
     from attrib_bench.runner.config import build_model
-    from attrib_bench.runner.engine import run_benchmark
+    from attrib_bench.runner.models import run_config
 
     plan = build_model(plan, quiet=quiet)
-    document = run_benchmark(plan.config, quiet=quiet, cache=plan.cache)
+    document = run_config(plan.config, quiet=quiet, cache=plan.cache)
     document.update(plan.extra)
     if plan.output is not None:
         write_json(document, plan.output)
@@ -96,20 +96,52 @@ def report(
 ) -> str:
     """The Markdown report of a result; also written to ``markdown`` and, as a self-contained
     HTML page, to ``html`` when given. Token heatmaps come from ``attributions`` (a JSONL file
-    of ``attrib-bench attribute``) or the run's cache."""
+    of ``attrib-bench attribute``) or the run's cache.
+
+    A similarity result (``attrib-bench similarity --output``, ``"schema":
+    "attrib-bench/similarity"``) gets its own report: per model pair each measure's layer
+    heatmaps beside the random-init floor (HTML), the diagonal tables (Markdown)."""
+    import json
+
     from attrib_bench.core.errors import UsageError
     from attrib_bench.reports.attributions import read_attributions
-    from attrib_bench.reports.html import render_html
+    from attrib_bench.reports.html import render_html, render_similarity_html
     from attrib_bench.reports.markdown import render_markdown
+    from attrib_bench.reports.similarity import (
+        is_similarity,
+        render_similarity_markdown,
+        validate_similarity,
+    )
 
     if examples < 0:
         raise UsageError(f"examples must be at least 0, got {examples}")
-    document = load(results)
-    rows = read_attributions(Path(attributions)) if attributions is not None else None
+    raw, name = results, "results"
+    if isinstance(results, (str, Path)):
+        name = str(results)
+        try:
+            raw = json.loads(Path(results).read_text())
+        except (OSError, ValueError):
+            raw = None  # load() says what is wrong with the file
+    if is_similarity(raw):
+        if attributions is not None:
+            raise UsageError("attributions are for run results; a similarity result has none")
+        validate_similarity(raw, name)
+        page = render_similarity_html(raw) if html is not None else None
+        text = render_similarity_markdown(raw)
+    else:
+        if isinstance(raw, Mapping) and "methods" not in raw:
+            raise UsageError(
+                f"{name!r} is neither an attrib-bench run result (no 'methods') nor a similarity "
+                f'result (no "schema": "attrib-bench/similarity"; it has '
+                f"{raw.get('schema')!r})"
+            )
+        document = load(results)
+        rows = read_attributions(Path(attributions)) if attributions is not None else None
+        page = render_html(document, rows, examples) if html is not None else None
+        text = render_markdown(document, rows, examples)
     if html is not None:
         Path(html).parent.mkdir(parents=True, exist_ok=True)
-        Path(html).write_text(render_html(document, rows, examples))
-    text = render_markdown(document, rows, examples)
+        Path(html).write_text(page)
     if markdown is not None:
         Path(markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(markdown).write_text(text)

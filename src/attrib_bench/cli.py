@@ -119,9 +119,16 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="score attributors against a reference: leaderboard")
     _add_run_options(run)
     run.add_argument(
+        "--models",
+        type=_csv,
+        help="several models of one architecture (seeds), comma-separated, instead of --model: "
+        "each is run and cached as alone, and seed-invariance compares their attributions",
+    )
+    run.add_argument(
         "--evaluators",
         type=_csv,
-        help="comma-separated evaluator specs (default: spearman; next-token data adds mrr)",
+        help="comma-separated evaluator specs (default: spearman; next-token data adds mrr; "
+        "--models adds seed-invariance and its random-init floor, Spearman and top-k Jaccard)",
     )
     run.add_argument("--reference", help="reference attributor spec (default: saliency)")
     run.add_argument("--output", type=Path, help="write the result JSON here")
@@ -173,6 +180,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--seeds",
         help="one model per seed, comma-separated (0,1,2): head init, data order, dropout",
     )
+    finetune.add_argument(
+        "--reinit-top",
+        type=int,
+        default=0,
+        metavar="K",
+        help="pretraining-seed proxy: re-initialise the top K layers from the seed and re-train "
+        "them to reproduce the original hidden states on the training sentences, then fine-tune",
+    )
+    finetune.add_argument(
+        "--reinit-steps", type=int, metavar="N", help="re-training steps (default: 800)"
+    )
     finetune.add_argument("--device", default="auto")
     finetune.add_argument("--quiet", action="store_true")
 
@@ -215,6 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     similar.add_argument(
         "--svcca-keep", type=float, default=0.9, help="SVCCA singular-value share (0.9)"
+    )
+    similar.add_argument(
+        "--max-gram-rows",
+        type=int,
+        default=4000,
+        help="RBF / debiased CKA on a seeded subset of this many rows above it (0: no cap)",
     )
     similar.add_argument("--seed", type=int, default=0)
     similar.add_argument("--device", default="auto")
@@ -340,7 +364,7 @@ def _run_config(args: argparse.Namespace):
 
 def _run(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.api import run_plan
-    from attrib_bench.reports.leaderboard import leaderboard
+    from attrib_bench.reports.leaderboard import leaderboard, models_table
     from attrib_bench.results import exit_status
     from attrib_bench.runner.cache import hits_line
     from attrib_bench.runner.config import plan_run
@@ -352,6 +376,9 @@ def _run(args: argparse.Namespace, out: Console) -> int:
             out.print(leaderboard(document, name))
         else:
             out.print(f"[red]evaluator {name} failed:[/] {escape(str(evaluator['error']))}")
+    ranking = models_table(document)
+    if ranking is not None:
+        out.print(ranking)
     if document.get("cache"):
         stderr.print(hits_line(document["cache"]), highlight=False, soft_wrap=True)
     if plan.output:
@@ -448,6 +475,9 @@ def _finetune(args: argparse.Namespace, out: Console) -> int:
     if args.seeds is not None and args.seed is not None:
         raise UsageError("give --seed (one model) or --seeds (one per seed), not both")
     seeds = _seed_list(args.seeds) if args.seeds is not None else None
+    if args.reinit_steps is not None and not args.reinit_top:
+        raise UsageError("--reinit-steps needs --reinit-top K (K > 0)")
+    proxy = {} if args.reinit_steps is None else {"reinit_steps": args.reinit_steps}
     config = FinetuneConfig(
         model=args.model or default_model_source(),
         dataset=args.dataset,
@@ -461,11 +491,17 @@ def _finetune(args: argparse.Namespace, out: Console) -> int:
         batch_size=args.batch_size,
         max_length=args.max_length,
         seed=0 if args.seed is None else args.seed,
+        reinit_top=args.reinit_top,
+        **proxy,
     )
 
     def accuracy(metadata: dict) -> str:
         value = metadata["eval_accuracy"]
-        return f"{value:.4f} on {metadata['eval_split']}" if value is not None else "n/a"
+        shown = f"{value:.4f} on {metadata['eval_split']}" if value is not None else "n/a"
+        if metadata.get("reinit_top"):
+            before, after = metadata["reinit_mse_before"], metadata["reinit_mse_after"]
+            shown += f"  re-training mse: {before:.4g} -> {after:.4g}"
+        return shown
 
     if seeds is None:
         directory = finetune(config, args.output, args.device, quiet=args.quiet)
@@ -542,6 +578,7 @@ def _similarity(args: argparse.Namespace, out: Console) -> int:
         svcca_keep=args.svcca_keep,
         seed=args.seed,
         device=args.device,
+        max_gram_rows=args.max_gram_rows or None,
     )
     report = run_similarity(config, quiet=args.quiet)
     write_json(report, args.output)

@@ -11,10 +11,17 @@ alike (../shared/specs/invariance.md).
 
 The measures are pure functions of two matrices X (n, d1), Y (n, d2) whose rows are the same
 sentences (or tokens). Features are taken in eval mode and averaged over real tokens only.
+
+Memory: biased linear CKA, SVCCA, PWCCA, Procrustes and the regression work in feature space
+(d x d matrices, never n x n), whatever n. RBF CKA and debiased linear CKA need n x n Gram
+matrices, so above ``max_gram_rows`` rows (token-level runs reach tens of thousands) they are
+computed on a seeded random subset of the rows, the same rows for x and y (``gram_rows``), and the
+report says so (``gram_subsample``).
 """
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,6 +36,11 @@ from attrib_bench.core.errors import UsageError
 MEASURES = ("linear_cka", "rbf_cka", "svcca", "pwcca", "procrustes", "linreg_r2")
 LEARNED_MAPS = ("linear", "mlp", "inn")
 TRAIN_SHARE = 0.7
+GRAM_MEASURES = ("rbf_cka", "linear_cka_debiased")  # the measures that build n x n Grams
+# An n x n float64 Gram is 8 n^2 bytes: 128 MB at 4000 rows. RBF CKA holds about eight such
+# matrices at its peak (x and y: products, distances, kernels, centred copies, their product),
+# about 1 GB; uncapped, 25,000 token rows would be 5 GB per matrix.
+MAX_GRAM_ROWS = 4000
 
 
 # --- measures: pure functions of X (n, d1), Y (n, d2), float64 ------------------------------
@@ -76,8 +88,9 @@ def linear_cka(x: np.ndarray, y: np.ndarray, debiased: bool = False) -> float:
     """Linear CKA (Kornblith et al. 2019).
 
     Biased (their code's default): ||Yc^T Xc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F) on centred
-    features. ``debiased``: the unbiased HSIC of Song et al. 2012 (as in Nguyen et al. 2021) on the
-    linear Gram matrices; needs n >= 4.
+    features, the feature-space form of <Kc, Lc> / (||Kc|| ||Lc||) with K = Xc Xc^T: only d x d
+    matrices, so any number of rows. ``debiased``: the unbiased HSIC of Song et al. 2012 (as in
+    Nguyen et al. 2021) on the linear n x n Gram matrices; needs n >= 4.
     """
     _check(x, y)
     xc, yc = _centred(x), _centred(y)
@@ -238,6 +251,7 @@ class SimilarityConfig:
     svcca_keep: float = 0.9
     seed: int = 0
     device: str = "auto"
+    max_gram_rows: int | None = MAX_GRAM_ROWS  # None: no cap
     measures: list[str] = field(default_factory=list)
 
 
@@ -307,6 +321,30 @@ def split_rows(rows_per_sentence: list[int], seed: int) -> tuple[np.ndarray, np.
     )
 
 
+def gram_rows(n: int, cap: int | None, seed: int) -> np.ndarray | None:
+    """The rows (sorted indices) on which the n x n Gram measures are computed when n exceeds
+    ``cap``: ``cap`` of the n rows drawn without replacement by ``numpy.random.default_rng(seed)``;
+    None (every row) when n <= cap or there is no cap. One subset serves x and y (rows are
+    paired) and every layer pair."""
+    if cap is None or n <= cap:
+        return None
+    return np.sort(np.random.default_rng(seed).choice(n, size=cap, replace=False))
+
+
+def gram_subsample(n: int, config: SimilarityConfig) -> dict | None:
+    """The report's record of the subsampling (None when every row is used)."""
+    rows = gram_rows(n, config.max_gram_rows, config.seed)
+    if rows is None:
+        return None
+    return {
+        "rows": len(rows),
+        "of": n,
+        "measures": [m for m in GRAM_MEASURES if m in measure_names(config)],
+        "seed": config.seed,
+        "rule": "numpy.random.default_rng(seed).choice(of, rows, replace=False), sorted",
+    }
+
+
 # --- the analysis ----------------------------------------------------------------------------
 
 
@@ -336,20 +374,22 @@ def compare(fx: Features, fy: Features, config: SimilarityConfig, bar=None, task
     names = measure_names(config)
     fit = _fit_alignments() if config.learned else None
     train, test = split_rows(fx.rows_per_sentence, config.seed)
+    subset = gram_rows(sum(fx.rows_per_sentence), config.max_gram_rows, config.seed)
     rows, columns = len(fx.layers), len(fy.layers)
     result: dict[str, list[list]] = {n: [[None] * columns for _ in range(rows)] for n in names}
     for i, x in enumerate(fx.layers):
         for j, y in enumerate(fy.layers):
+            xg, yg = (x, y) if subset is None else (x[subset], y[subset])
             values = {
                 "linear_cka": linear_cka(x, y),
-                "rbf_cka": rbf_cka(x, y, config.rbf_threshold),
+                "rbf_cka": rbf_cka(xg, yg, config.rbf_threshold),
                 "svcca": svcca(x, y, config.svcca_keep),
                 "pwcca": pwcca(x, y),
                 "procrustes": procrustes_distance(x, y),
                 "linreg_r2": linreg_r2(x[train], y[train], x[test], y[test]),
             }
             if config.debiased:
-                values["linear_cka_debiased"] = linear_cka(x, y, debiased=True)
+                values["linear_cka_debiased"] = linear_cka(xg, yg, debiased=True)
             if fit is not None and (config.all_pairs or i == j):
                 learned = fit(
                     torch.from_numpy(x[train]).float(),
@@ -370,6 +410,21 @@ def compare(fx: Features, fy: Features, config: SimilarityConfig, bar=None, task
     return result
 
 
+def random_representatives(loaded: dict) -> dict[str, str]:
+    """Model name -> the first model of the same architecture (config, names and paths
+    aside): seed models share one random init, so its features and its random-random pair
+    are computed once, not once per seed."""
+    first: dict[str, str] = {}
+    out = {}
+    for name, model in loaded.items():
+        config = model.model.config.to_dict()
+        config.pop("transformers_version", None)
+        shape = {k: v for k, v in config.items() if not k.startswith("_")}
+        key = json.dumps(shape, sort_keys=True, default=str)
+        out[name] = first.setdefault(key, name)
+    return out
+
+
 def _random_name(model: str, seed: int) -> str:
     return f"random-init:{model}@seed{seed}"
 
@@ -386,6 +441,11 @@ def run_similarity(config: SimilarityConfig, quiet: bool = False) -> dict:
         raise UsageError(f"--svcca-keep must be in (0, 1], got {config.svcca_keep}")
     if config.rbf_threshold <= 0:
         raise UsageError(f"--rbf-threshold must be positive, got {config.rbf_threshold}")
+    if config.max_gram_rows is not None and config.max_gram_rows < 4:
+        raise UsageError(
+            f"--max-gram-rows must be at least 4 (debiased CKA needs 4 rows), or 0 for no cap, "
+            f"got {config.max_gram_rows}"
+        )
     if config.learned:
         _fit_alignments()  # fail before the slow part
     data = load_examples(
@@ -404,6 +464,7 @@ def run_similarity(config: SimilarityConfig, quiet: bool = False) -> dict:
     unique = list(dict.fromkeys(config.models))
     loaded = {name: load_model(name, config.device, warn_fresh_head=False) for name in unique}
     features: dict[str, Features] = {}
+    random_of = random_representatives(loaded)
     for name, model in loaded.items():
         features[name] = extract_features(
             model.model,
@@ -413,6 +474,8 @@ def run_similarity(config: SimilarityConfig, quiet: bool = False) -> dict:
             config.max_length,
             config.token_level,
         )
+        if random_of[name] != name:
+            continue  # the same architecture as a model before it: the same random init
         for seed in (config.seed, config.seed + 1):
             features[_random_name(name, seed)] = extract_features(
                 random_model(model, seed),
@@ -437,7 +500,8 @@ def run_similarity(config: SimilarityConfig, quiet: bool = False) -> dict:
         for b in range(a + 1, len(config.models))
     ]
     for name in unique:
-        plan.append((name, _random_name(name, config.seed), "random-floor"))
+        plan.append((name, _random_name(random_of[name], config.seed), "random-floor"))
+    for name in dict.fromkeys(random_of.values()):
         plan.append(
             (_random_name(name, config.seed), _random_name(name, config.seed + 1), "random-random")
         )
@@ -459,6 +523,7 @@ def run_similarity(config: SimilarityConfig, quiet: bool = False) -> dict:
             "sentences": len(data.examples),
             "rows": sum(features[unique[0]].rows_per_sentence),
         },
+        "gram_subsample": gram_subsample(sum(features[unique[0]].rows_per_sentence), config),
         "models": [
             {
                 "name": name,

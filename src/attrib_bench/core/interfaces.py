@@ -198,3 +198,29 @@ class Evaluator(Protocol):
     needs_reference: bool
 
     def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]: ...
+
+
+@runtime_checkable
+class ModelEvaluator(Protocol):
+    """Scores how a method's attributions of one input agree across models (seeds).
+
+    A run over several models (``run --models A,B,...``) attributes every example under each
+    model; for each method and example, ``score_models`` receives the method's rows over the
+    example's real tokens under every model, in ``--models`` order, as arrays (L, N) (one per
+    model; L layers, N real tokens), and, when ``needs_floor`` is True, the rows under a
+    randomly initialised model of the same architecture (else None). It returns (L,) scores;
+    NaN marks an example it cannot score. The runner summarises them per layer as it does any
+    evaluator's (mean, std, bootstrap CI). ``in_default_run`` (default True) selects it in runs
+    over several models; a single-model run cannot select it.
+    """
+
+    name: str
+    description: str
+    needs_floor: bool
+
+    def score_models(self, rows: list[np.ndarray], floor: np.ndarray | None) -> np.ndarray: ...
+
+
+def compares_models(evaluator: Any) -> bool:
+    """True for a :class:`ModelEvaluator` (it scores across models, not one attribution)."""
+    return callable(getattr(evaluator, "score_models", None))

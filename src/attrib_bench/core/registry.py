@@ -22,7 +22,7 @@ from attrib_bench.core import hookspecs
 from attrib_bench.core.architecture_spec import ArchitectureSpec, needs_problem
 from attrib_bench.core.console import warn
 from attrib_bench.core.errors import UsageError, unknown_choice
-from attrib_bench.core.interfaces import Attributor, Evaluator
+from attrib_bench.core.interfaces import Attributor, Evaluator, ModelEvaluator, compares_models
 from attrib_bench.core.trace_fields import BUILTIN_FIELDS, TraceField
 
 ENTRY_POINT_GROUP = "attrib_bench"
@@ -76,8 +76,15 @@ class Registry:
     broken: dict[str, str] = field(default_factory=dict)
 
     def defaults(self, kind: str) -> list[str]:
-        """Names run when none are selected: all but those marked ``in_default_run = False``."""
+        """Names run when none are selected: all but those marked ``in_default_run = False``.
+
+        ``kind`` is "attributors", "evaluators" (those scoring one model's attributions) or
+        "model_evaluators" (those comparing models, for runs over several: ModelEvaluator).
+        """
         table = self.attributors if kind == "attributors" else self.evaluators
+        if kind != "attributors":
+            wanted = kind == "model_evaluators"
+            table = {n: r for n, r in table.items() if compares_models(r.obj) == wanted}
         return [n for n, reg in sorted(table.items()) if getattr(reg.obj, "in_default_run", True)]
 
     def architecture_specs(self) -> dict[str, ArchitectureSpec]:
@@ -150,7 +157,7 @@ def _collect(
     pm: pluggy.PluginManager,
     hook_name: str,
     kind: str,
-    protocol: type,
+    protocol: type | tuple[type, ...],
     trace_fields: Collection[str],
 ) -> dict:
     table: dict[str, Registered] = {}
@@ -158,9 +165,11 @@ def _collect(
         objects = impl.function() or []
         for obj in objects:
             if not isinstance(obj, protocol):
+                protocols = protocol if isinstance(protocol, tuple) else (protocol,)
+                names = " or ".join(f"attrib_bench.{p.__name__}" for p in protocols)
                 raise UsageError(
                     f"plugin {impl.plugin_name} returned {obj!r}, which is not an {kind}: "
-                    f"it needs the attributes of attrib_bench.{protocol.__name__}"
+                    f"it needs the attributes of {names}"
                 )
             unknown = set(getattr(obj, "requires", ())) - set(trace_fields)
             if unknown:
@@ -245,6 +254,8 @@ def load_registry(plugin_files: Sequence[Path | str] = ()) -> Registry:
     registry.attributors = _collect(
         pm, "attrib_bench_attributors", "attributor", Attributor, fields
     )
-    registry.evaluators = _collect(pm, "attrib_bench_evaluators", "evaluator", Evaluator, fields)
+    registry.evaluators = _collect(
+        pm, "attrib_bench_evaluators", "evaluator", (Evaluator, ModelEvaluator), fields
+    )
     registry.architectures = _collect_architectures(pm)
     return registry

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +29,19 @@ from attrib_bench.reports.leaderboard import (
 )
 from attrib_bench.reports.plots import layer_plot
 from attrib_bench.reports.provenance import DEFAULT_EXAMPLES, provenance_rows, shown_examples, title
+from attrib_bench.reports.similarity import (
+    across_models,
+    direction,
+    grouped_pairs,
+    lower_is_more_similar,
+    model_rows,
+    pair_title,
+    ranking_note,
+    signed_text,
+    subsample_note,
+    subtitle,
+    value_text,
+)
 from attrib_bench.results.typed import Result, Results, as_result
 
 #: Diverging colours: positive scores red, negative blue (RGB).
@@ -49,6 +63,11 @@ span.tok { display: inline-block; padding: 1px 3px; margin: 1px; border-radius: 
            font-family: ui-monospace, "SFMono-Regular", Menlo, monospace; font-size: 13px; }
 img.plot { max-width: 100%; border: 1px solid #d0d7de; }
 code { background: #f6f8fa; padding: 0 3px; border-radius: 3px; }
+div.pairs { display: flex; flex-wrap: wrap; gap: 1.2em; align-items: flex-start; }
+figure.sim { margin: 0; } figure.sim figcaption { font-weight: 600; max-width: 28em; }
+table.sim td.num { min-width: 3.2em; } table.sim th.axis { font-weight: 400; }
+table.sim td.null { text-align: center; color: #59636e;
+  background: repeating-linear-gradient(45deg, #fff, #fff 3px, #eaeef2 3px, #eaeef2 6px); }
 """
 
 
@@ -146,6 +165,204 @@ def _heatmaps_html(
     return "".join(parts)
 
 
+def _across_models_html(extra: Mapping[str, Any]) -> str:
+    """A run over several models: its ranking evaluator per method under each model and the
+    Kendall tau of the method rankings between models; empty without a ``models`` section."""
+    section = across_models(extra)
+    if section is None:
+        return ""
+    labels = section["labels"]
+    parts = [
+        "<h2>Across models</h2><p>Models: "
+        + ", ".join(f"<code>{_escape(m)}</code>" for m in section["models"])
+        + "."
+        + (
+            f" Random-init floor: <code>{_escape(section['floor_model'])}</code>."
+            if section["floor_model"]
+            else ""
+        )
+        + f"</p><p>{_escape(ranking_note(section))}</p>"
+    ]
+    if section["rows"]:
+        head = "<tr><th>method</th>" + "".join(f"<th>{_escape(x)}</th>" for x in labels) + "</tr>"
+        body = []
+        for row in section["rows"]:
+            mark = "" if row["ranked"] or section["ranking"] is None else " (not ranked)"
+            cells = "".join(f'<td class="num">{signed_text(v)}</td>' for v in row["values"])
+            body.append(
+                f"<tr><td><code>{_escape(row['spec'])}</code>{_escape(mark)}</td>{cells}</tr>"
+            )
+        parts.append(
+            f"<h3>{_escape(section['evaluator'])} per model (last layer, aggregated rows, "
+            f'mean)</h3><table class="per-model">{head}{"".join(body)}</table>'
+        )
+    tau = section["ranking"].get("kendall_tau") if section["ranking"] else None
+    if isinstance(tau, list) and tau:
+        head = "<tr><th></th>" + "".join(f"<th>{_escape(x)}</th>" for x in labels) + "</tr>"
+        body = [
+            f"<tr><th>{_escape(label)}</th>"
+            + "".join(
+                f'<td class="num">{signed_text(v)}</td>'
+                for v in (row if isinstance(row, list) else [])
+            )
+            + "</tr>"
+            for label, row in zip(labels, tau, strict=False)
+        ]
+        parts.append(
+            "<h3>Kendall tau between the models' method rankings</h3>"
+            f'<table class="kendall">{head}{"".join(body)}</table>'
+        )
+    return "".join(parts)
+
+
+#: The similarity heatmaps' colour (RGB); its depth grows with similarity, whatever the measure.
+SIMILAR = (31, 119, 180)
+#: The colour scale of the bounded measures is their whole range (widened by any value outside
+#: it): a data-range scale would make 0.95 against 0.97 look like black against white.
+BOUNDS = {
+    "linear_cka": (0.0, 1.0),
+    "linear_cka_debiased": (0.0, 1.0),
+    "rbf_cka": (0.0, 1.0),
+    "svcca": (0.0, 1.0),
+    "pwcca": (0.0, 1.0),
+    "procrustes": (0.0, 2.0),
+}
+
+
+def _finite_values(pairs: Sequence[Mapping[str, Any] | None], measure: str) -> list[float]:
+    return [
+        float(v)
+        for pair in pairs
+        if pair is not None
+        for row in pair["measures"].get(measure) or []
+        for v in row
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+    ]
+
+
+def _sim_cell(value: Any, scale: tuple[float, float], lower: bool, where: str) -> str:
+    text = value_text(value)
+    if text == "-":
+        return f'<td class="null" title="{_escape(where)}: null">n/a</td>'
+    low, high = scale
+    depth = (float(value) - low) / (high - low) if high > low else 1.0
+    depth = 1.0 - depth if lower else depth
+    alpha = 0.06 + 0.84 * depth
+    red, green, blue = SIMILAR
+    ink = "#fff" if alpha > 0.55 else "#1f2328"
+    return (
+        f'<td class="num" data-value="{float(value)!r}" style="background: '
+        f'rgba({red},{green},{blue},{alpha:.3f}); color: {ink}" '
+        f'title="{_escape(where)}: {float(value):.6g}">{text}</td>'
+    )
+
+
+def _sim_table(pair: Mapping[str, Any], measure: str, scale: tuple[float, float], role: str) -> str:
+    matrix = pair["measures"].get(measure)
+    caption = f"{role}: {pair_title(pair)}"
+    if not matrix:
+        return (
+            f'<figure class="sim"><figcaption>{_escape(caption)}</figcaption>'
+            f'<p class="muted">no {_escape(measure)} for this pair</p></figure>'
+        )
+    columns = max(len(row) for row in matrix)
+    lower = lower_is_more_similar(measure)
+    head = (
+        f'<tr><th class="axis" colspan="{columns + 1}">columns: layer of '
+        f"<code>{_escape(pair['y'])}</code> (0 = embeddings); rows: layer of "
+        f"<code>{_escape(pair['x'])}</code></th></tr>"
+        "<tr><th></th>" + "".join(f'<th class="col">{j}</th>' for j in range(columns)) + "</tr>"
+    )
+    body = []
+    for i, row in enumerate(matrix):
+        cells = "".join(
+            _sim_cell(row[j] if j < len(row) else None, scale, lower, f"{measure} ({i}, {j})")
+            for j in range(columns)
+        )
+        body.append(f'<tr><th class="row">{i}</th>{cells}</tr>')
+    return (
+        f'<figure class="sim"><figcaption>{_escape(caption)}</figcaption>'
+        f'<table class="sim" data-measure="{_escape(measure)}" data-kind="{_escape(pair["kind"])}"'
+        f' data-x="{_escape(pair["x"])}" data-y="{_escape(pair["y"])}">'
+        f"{head}{''.join(body)}</table></figure>"
+    )
+
+
+def _sim_group(pairs: Sequence[tuple[Mapping[str, Any] | None, str]]) -> str:
+    """Every measure of the first pair, each as heatmaps of the pairs side by side on one
+    colour scale (the floor must read against the seeds)."""
+    present = [(pair, role) for pair, role in pairs if pair is not None]
+    measures = list(dict.fromkeys(m for pair, _ in present for m in pair["measures"]))
+    parts = []
+    for measure in measures:
+        values = _finite_values([pair for pair, _ in present], measure)
+        low, high = BOUNDS.get(measure, (math.inf, -math.inf))
+        scale = (min([low, *values]), max([high, *values])) if values else (0.0, 1.0)
+        legend = (
+            f"{direction(measure)}; deeper colour = more similar, on one scale for the tables "
+            f"below ({value_text(scale[0])} to {value_text(scale[1])}); n/a: not computed or "
+            "undefined"
+        )
+        tables = "".join(_sim_table(pair, measure, scale, role) for pair, role in present)
+        missing = [role for pair, role in pairs if pair is None]
+        note = (
+            f'<p class="muted">Not in this file: {_escape(", ".join(missing))}.</p>'
+            if missing
+            else ""
+        )
+        parts.append(
+            f'<h3>{_escape(measure)}</h3><p class="muted legend">{_escape(legend)}</p>'
+            f'<div class="pairs">{tables}</div>{note}'
+        )
+    return "".join(parts)
+
+
+def render_similarity_html(report: Mapping[str, Any]) -> str:
+    """A similarity result (``attrib-bench similarity --output``) as one self-contained page:
+    per models pair, each measure's layer-by-layer heatmap beside those of the random-init
+    floor (x against a random init of it) and of two random inits against each other."""
+    names = [str(m.get("name")) for m in report.get("models") or [] if isinstance(m, Mapping)]
+    sections = []
+    info = "".join(
+        f"<tr><th>{_escape(name)}</th><td>{_escape(text)}</td></tr>"
+        for name, text in model_rows(report)
+    )
+    if info:
+        sections.append(f"<h2>Models</h2><table>{info}</table>")
+    note = subsample_note(report)
+    if note:
+        sections.append(f'<p class="muted">Gram subsample: {_escape(note)}.</p>')
+    sections.append(
+        '<p class="muted">Random networks can look more similar than trained ones (under CKA '
+        "above all): read each models pair against its floor beside it.</p>"
+    )
+    groups, others = grouped_pairs(report)
+    for pair, floor, both in groups:
+        sections.append(
+            f"<h2>{_escape(pair['x'])} vs {_escape(pair['y'])}</h2>"
+            + _sim_group(
+                [
+                    (pair, "models"),
+                    (floor, "random-init floor"),
+                    (both, "two random inits"),
+                ]
+            )
+        )
+    for pair in others:
+        sections.append(
+            f"<h2>{_escape(pair_title(pair))}</h2>" + _sim_group([(pair, pair["kind"])])
+        )
+    config = report.get("config") or {}
+    fingerprint = (report.get("dataset") or {}).get("fingerprint")
+    sections.append(
+        "<h2>Configuration</h2><table>"
+        + "".join(f"<tr><th>{_escape(k)}</th><td>{_escape(v)}</td></tr>" for k, v in config.items())
+        + f"<tr><th>dataset fingerprint</th><td>{_escape(fingerprint)}</td></tr></table>"
+    )
+    line = f'<p class="muted">{_escape(subtitle(report))}; layer 0 = the embeddings</p>'
+    return page(f"attrib-bench similarity: {', '.join(names)}", line, sections)
+
+
 def render_html(
     document: Results,
     attributions: Mapping[str, Mapping[str, Any]] | None = None,
@@ -168,6 +385,9 @@ def render_html(
                 f'<p class="failed">Evaluator <code>{_escape(name)}</code> failed: '
                 f"{_escape(state['error'])}</p>"
             )
+    across = _across_models_html(document.extra)
+    if across:
+        sections.append(across)
     for evaluator in [name for name in evaluators if scored_kinds(document, name)]:
         png = base64.b64encode(layer_plot(document, evaluator)).decode()
         sections.append(
@@ -185,11 +405,19 @@ def render_html(
     )
     sections.append(f"<h2>Provenance</h2><table>{provenance_table}</table>")
     page_title = title(document)
+    line = (
+        f'<p class="muted">n = {_escape(data.get("examples"))} examples, reference '
+        f"<code>{_escape(document.reference)}</code>, created "
+        f"{_escape(document.created)}</p>"
+    )
+    return page(page_title, line, sections)
+
+
+def page(page_title: str, subtitle: str, sections: Sequence[str]) -> str:
+    """The self-contained page every HTML report is: inline CSS, no script, no network.
+    ``subtitle`` and ``sections`` are HTML already escaped; the title is escaped here."""
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{_escape(page_title)}</title><style>{CSS}</style></head><body>"
-        f"<h1>{_escape(page_title)}</h1>"
-        f'<p class="muted">n = {_escape(data.get("examples"))} examples, reference '
-        f"<code>{_escape(document.reference)}</code>, created "
-        f"{_escape(document.created)}</p>" + "".join(sections) + "</body></html>\n"
+        f"<h1>{_escape(page_title)}</h1>{subtitle}" + "".join(sections) + "</body></html>\n"
     )

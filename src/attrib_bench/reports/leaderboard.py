@@ -202,3 +202,28 @@ def leaderboard(document: Results, evaluator: str, kind: str = "aggregated") -> 
             style=None if status == "ok" else "red",
         )
     return table
+
+
+def models_table(document: dict[str, Any]) -> Table | None:
+    """A run over several models: each method's ranking score per model, and the Kendall tau
+    of the method ranking between models (``document["models"]``); None for other runs."""
+    section = document.get("models")
+    ranking = (section or {}).get("ranking")
+    if not ranking:
+        return None
+    by = ranking["evaluator"]
+    tau = ranking["mean"]
+    table = Table(
+        title=f"{by} (aggregated, last layer) per model; method ranking across models: "
+        f"Kendall tau mean {signed(tau) if finite(tau) else 'n/a'}, "
+        f"min {signed(ranking['min']) if finite(ranking['min']) else 'n/a'} "
+        f"({len(ranking['methods'])} methods, the reference left out)",
+        title_justify="left",
+    )
+    table.add_column("method", style="bold", no_wrap=True)
+    for index, entry in enumerate(section["per_model"]):
+        table.add_column(f"{index + 1}: {entry['name']}", justify="right", no_wrap=True)
+    for spec in ranking["methods"]:
+        values = [entry["last_layer"][spec][by] for entry in section["per_model"]]
+        table.add_row(spec, *(signed(v) for v in values))
+    return table

@@ -1,4 +1,5 @@
-"""The Markdown report: leaderboards, per-layer tables and provenance, for text and PRs."""
+"""The Markdown report: leaderboards, per-layer tables, the ranking across models (a run over
+several models) and provenance, for text and PRs."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from attrib_bench.reports.leaderboard import (
     signed,
 )
 from attrib_bench.reports.provenance import DEFAULT_EXAMPLES, provenance_rows, shown_examples, title
+from attrib_bench.reports.similarity import across_models_markdown
 from attrib_bench.results.typed import Results, as_result
 
 
@@ -76,6 +78,7 @@ def render_markdown(
     for name, state in document.evaluators.items():
         if state["status"] != "ok":
             lines += [f"Evaluator `{name}` failed: {state['error']}", ""]
+    lines += across_models_markdown(document.extra)
     rows = token_rows(document, shown_examples(document, examples), attributions)
     order = ranked(document, evaluators[0]) if evaluators else list(document.methods)
     order += sorted({spec for methods in rows.values() for spec in methods} - set(order))

@@ -157,7 +157,7 @@ def build_result(
         "evaluator_info": {
             name: {
                 "description": evaluator.description,
-                "needs_reference": evaluator.needs_reference,
+                "needs_reference": getattr(evaluator, "needs_reference", False),
                 "higher_is_better": getattr(evaluator, "higher_is_better", True),
                 # Summarised by an aggregate of per-example parts, not a mean (see stats).
                 "corpus_level": bool(getattr(evaluator, "parts", ())),

@@ -51,19 +51,20 @@ FORMAT = 1
 RESULTS_DIR = "results"
 #: Set to 1 to run without reading or writing the cache (as ``--no-cache``).
 NO_CACHE_ENV = "ATTRIB_BENCH_NO_CACHE"
-#: Modules of attrib-bench that never change a number; editing them keeps the cache valid.
+#: Files and folders (ending in "/") of attrib-bench, relative to the package, that never
+#: change a cached number (rendering, the CLI, the cache and config plumbing, analyses that
+#: are not runs): editing them keeps the cache valid. tests/test_cache.py checks they exist.
 PRESENTATION_MODULES = frozenset(
     {
         "__main__.py",
         "api.py",
-        "cache.py",
         "cli.py",
-        "config.py",
-        "console.py",
-        "gate.py",
-        "reports.py",
-        "results.py",
-        "testing.py",
+        "core/console.py",
+        "runner/cache.py",
+        "runner/config.py",
+        "analyses/",
+        "reports/",
+        "testing/",
     }
 )
 KEY_PACKAGES = ("torch", "transformers", "captum")
@@ -100,6 +101,12 @@ def _files_digest(files: Sequence[Path], root: Path) -> str:
     return _SOURCE_DIGESTS[stamp]
 
 
+def _excluded(relative: str, exclude: frozenset[str]) -> bool:
+    """Whether a file (its path relative to the package root) is one of ``exclude``: paths
+    relative to that root, a trailing "/" naming a folder."""
+    return any(relative == e or (e.endswith("/") and relative.startswith(e)) for e in exclude)
+
+
 def source_digest(module_name: str, exclude: frozenset[str] = frozenset()) -> str:
     """Digest of a module's source: its whole top-level package, or the file of a lone module.
 
@@ -118,7 +125,8 @@ def source_digest(module_name: str, exclude: frozenset[str] = frozenset()) -> st
             path
             for root in roots
             for path in root.rglob("*.py")
-            if "__pycache__" not in path.parts and path.name not in exclude
+            if "__pycache__" not in path.parts
+            and not _excluded(path.relative_to(root).as_posix(), exclude)
         ]
         return _files_digest(files, roots[0].parent) if files else uuid.uuid4().hex
     if getattr(module, "__file__", None) and Path(module.__file__).is_file():
@@ -297,6 +305,12 @@ class ResultCache:
                 table.setdefault(kind, {})[example_id] = np.array(
                     [np.nan if v is None else v for v in values], dtype=float
                 )
+        if method.rows is not None:
+            method.rows[example_id] = {
+                kind: np.asarray(values, dtype=float)
+                for kind, values in entry["rows"].items()
+                if values is not None
+            }
         method.seconds += entry["seconds"]
         method.peak_memory_mb = max(method.peak_memory_mb, entry["peak_memory_mb"])
         method.examples += 1

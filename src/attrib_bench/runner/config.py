@@ -51,7 +51,7 @@ FINETUNE_NUMBERS = {
     "learning_rate": float,
 }
 TOP_LEVEL = frozenset(
-    (*STRINGS, *INTEGERS, *SPEC_LISTS, "reference", "plugins", "cache", "finetune")
+    (*STRINGS, *INTEGERS, *SPEC_LISTS, "models", "reference", "plugins", "cache", "finetune")
 )
 #: RunConfig field -> the ``run`` flag's attribute in the parsed arguments.
 FLAGS = {f.name: f.name for f in fields(RunConfig)} | {"plugins": "plugin"}
@@ -137,6 +137,10 @@ def read_config(path: Path | str) -> dict[str, Any]:
             if not isinstance(data[key], list) or not data[key]:
                 raise UsageError(f"{path}: {key} must be a non-empty list of specs")
             values[key] = [_spec(item, f"{path}: {key}") for item in data[key]]
+    if "models" in data:
+        if not isinstance(data["models"], list) or len(data["models"]) < 2:
+            raise UsageError(f"{path}: models must be a list of at least 2 models")
+        values["models"] = [_local(_check(m, str, "models", path), folder) for m in data["models"]]
     if "reference" in data:
         values["reference"] = _spec(data["reference"], f"{path}: reference")
     if "plugins" in data:

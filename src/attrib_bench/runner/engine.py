@@ -18,7 +18,7 @@ import torch
 from attrib_bench.core import console
 from attrib_bench.core.architecture_spec import ArchitectureSpec
 from attrib_bench.core.errors import UsageError, unknown_choice
-from attrib_bench.core.interfaces import KINDS, Attribution, Batch, EvalContext
+from attrib_bench.core.interfaces import KINDS, Attribution, Batch, EvalContext, compares_models
 from attrib_bench.core.registry import Registry, Spec, load_registry
 from attrib_bench.core.target import DEFAULT_TARGET, NEXT_TOKEN_TARGET, Target, target_score
 from attrib_bench.data.batches import contentless_ids, make_batches
@@ -43,6 +43,8 @@ class RunConfig:
     """Everything that decides a run's numbers (batch size and device do not)."""
 
     model: str | None = None
+    #: A run over several models of one architecture (seeds): see attrib_bench.runner.models.
+    models: list[str] | None = None
     dataset: str | None = None
     split: str | None = None
     text_column: str | None = None
@@ -85,6 +87,19 @@ class MethodState:
     evaluator_errors: dict[str, str] = field(default_factory=dict)
     #: evaluator -> kind -> example id -> scores over layers
     scores: dict[str, dict[str, dict[str, np.ndarray]]] = field(default_factory=dict)
+    #: example id -> kind -> rows (L, N real tokens), kept only when a run over several
+    #: models asks (None: not kept); computed or read from the cache alike.
+    rows: dict[str, dict[str, np.ndarray]] | None = None
+
+    def keep_rows(self, attribution: Attribution, batch: Batch) -> None:
+        if self.rows is None:
+            return
+        for row, (example, length) in enumerate(zip(batch.examples, batch.lengths, strict=True)):
+            self.rows[example.id] = {
+                kind: np.asarray(values, dtype=float)
+                for kind in KINDS
+                if (values := attribution.example_rows(kind, row, length)) is not None
+            }
 
     def fail(self, error: str) -> None:
         self.error = error
@@ -427,24 +442,77 @@ def default_evaluators(registry: Registry, data: LoadedData) -> list[str]:
     return defaults
 
 
+@dataclass
+class SingleRun:
+    """One model's finished run: what :func:`build_result` turns into the result document."""
+
+    config: RunConfig
+    prepared: Prepared
+    methods: list[MethodState]
+    evaluators: dict[str, Any]
+    evaluator_errors: dict[str, str]
+    right: dict[str, bool] | None
+    cache: dict[str, Any] | None
+
+    def document(self) -> dict[str, Any]:
+        document = build_result(
+            self.config,
+            self.prepared,
+            self.methods,
+            self.evaluators,
+            self.evaluator_errors,
+            self.right,
+        )
+        if self.cache is not None:
+            document["cache"] = self.cache
+        return document
+
+
 def run_benchmark(config: RunConfig, quiet: bool = False, cache: bool = True) -> dict[str, Any]:
     """Run every selected attributor and evaluator; return the result document (see results).
 
-    With ``cache`` (and no ``ATTRIB_BENCH_NO_CACHE=1``), per-example results found on disk are
+    One model: a run over several (``config.models``) is attrib_bench.runner.models'. With
+    ``cache`` (and no ``ATTRIB_BENCH_NO_CACHE=1``), per-example results found on disk are
     reused and new ones written after each batch (attrib_bench.runner.cache). Examples every method
     has cached are not batched at all; the rest are re-batched, so a larger ``--limit`` reuses
     the examples a smaller one computed.
     """
+    return run_single(config, quiet, cache).document()
+
+
+def run_single(
+    config: RunConfig,
+    quiet: bool = False,
+    cache: bool = True,
+    keep_rows: bool = False,
+    description: str = "attributing",
+    prepared: Prepared | None = None,
+) -> SingleRun:
+    """One model's run (see :func:`run_benchmark`); ``keep_rows`` keeps every method's rows
+    per example (``MethodState.rows``) for evaluators that compare models; ``prepared``: the
+    config's prepared inputs, when the caller has them already.
+    ``config.evaluators == []`` scores nothing (a run only for the rows)."""
     from attrib_bench.runner import cache as result_cache
 
+    if config.models is not None:
+        raise UsageError("a run over several models goes through runner.models.run_config")
     torch.manual_seed(config.seed)
-    prepared = prepare(config, quiet)
+    prepared = prepare(config, quiet) if prepared is None else prepared
     registry = prepared.registry
     methods, reference_spec = leaderboard_methods(registry, config.attributors, config.reference)
+    if keep_rows:
+        for method in methods:
+            method.rows = {}
+    specs = default_evaluators(registry, prepared.data) if config.evaluators is None else None
     evaluators = {
-        str(Spec.parse(s)): registry.evaluator(s)
-        for s in (config.evaluators or default_evaluators(registry, prepared.data))
+        str(Spec.parse(s)): registry.evaluator(s) for s in (specs or config.evaluators or [])
     }
+    for name, evaluator in evaluators.items():
+        if compares_models(evaluator):
+            raise UsageError(
+                f"evaluator {name} compares models: give them with --models A,B[,...] "
+                "(seed models of one architecture)"
+            )
     reference_method = next(m for m in methods if m.spec == reference_spec)
     evaluator_errors: dict[str, str] = {}
     store = None
@@ -463,9 +531,14 @@ def run_benchmark(config: RunConfig, quiet: bool = False, cache: bool = True) ->
     stream = dataclasses.replace(prepared, batches=batches)
     skip = store.restore if store is not None else None
     traced_right: dict[str, bool] = {}
-    for trace, results in attribution_stream(stream, methods, config.seed, quiet=quiet, skip=skip):
+    for trace, results in attribution_stream(
+        stream, methods, config.seed, description, quiet=quiet, skip=skip
+    ):
         if prepared.data.next_tokens is not None:
             traced_right.update(traced_right_answers(trace))
+        for method in methods:
+            if method.spec in results:
+                method.keep_rows(results[method.spec], trace.batch)
         reference = results.get(reference_spec)
         if reference is None and store is not None and reference_method.error is None:
             reference = store.attribution(reference_spec, trace.batch)  # not run on this batch
@@ -489,17 +562,15 @@ def run_benchmark(config: RunConfig, quiet: bool = False, cache: bool = True) ->
                     f"{method.spec}: {name} is undefined (NaN) on every example; "
                     "the method is marked 'undefined' and the run is partial"
                 )
-    document = build_result(
+    return SingleRun(
         config,
         prepared,
         methods,
         evaluators,
         evaluator_errors,
         right_answers(prepared, traced_right),
+        store.describe() if store is not None else None,
     )
-    if store is not None:
-        document["cache"] = store.describe()
-    return document
 
 
 def _evaluate(

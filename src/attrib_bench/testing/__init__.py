@@ -47,10 +47,10 @@ def run_config(path: Path | str, quiet: bool = True, **overrides: Any) -> dict[s
     ``cache=False``); the cache is used unless the file or an override turns it off.
     """
     from attrib_bench.runner.config import build_model, make_plan
-    from attrib_bench.runner.engine import run_benchmark
+    from attrib_bench.runner.models import run_config
 
     plan = build_model(make_plan(path, overrides), quiet=quiet)
-    document = run_benchmark(plan.config, quiet=quiet, cache=plan.cache)
+    document = run_config(plan.config, quiet=quiet, cache=plan.cache)
     document.update(plan.extra)
     return document
 

@@ -29,7 +29,14 @@ import numpy as np
 import torch
 
 from attrib_bench.core.architecture_spec import needs_problem
-from attrib_bench.core.interfaces import KINDS, Attribution, Batch, EvalContext, Example
+from attrib_bench.core.interfaces import (
+    KINDS,
+    Attribution,
+    Batch,
+    EvalContext,
+    Example,
+    compares_models,
+)
 from attrib_bench.core.registry import load_registry
 from attrib_bench.core.target import DEFAULT_TARGET, Target
 from attrib_bench.core.trace_fields import TRACE_FIELDS, TraceField
@@ -254,6 +261,8 @@ def check_evaluator(
     fields check_attributor's do (``fields``: see there), and a family ``attributor``'s
     ``needs`` rule out is skipped (``report.skipped``).
     """
+    if compares_models(obj):
+        return _check_model_evaluator(obj, seed)
     method = LayerNormInputs() if attributor is None else attributor
     known, problems = _trace_fields(fields)
     _raise(obj, [("", message) for message in problems + _evaluator_interface(obj)])
@@ -265,6 +274,42 @@ def check_evaluator(
     )
     _raise(obj, problems)
     return EvaluatorReport(obj.name, shapes, skipped)
+
+
+def _check_model_evaluator(obj: Any, seed: int) -> EvaluatorReport:
+    """A ModelEvaluator (it compares models): its interface, then ``score_models`` on seeded
+    rows (3 layers, one example per kit example, 2 and 3 models, a floor when it needs one):
+    (L,) scores, finite or NaN, identical on a second call, and no exception on constant rows.
+    Shapes are reported under ``"rows"`` as (L, examples)."""
+    problems = _named_problems(obj)
+    if not isinstance(getattr(obj, "needs_floor", None), bool):
+        problems.append("set `needs_floor` to True (score_models reads the floor) or False")
+    _raise(obj, [("", message) for message in problems])
+    generator = np.random.default_rng(seed)
+    layers = 3
+    for models in (2, 3):
+        for example in EXAMPLES:
+            n = len(example.text.split()) + 2
+            rows = [generator.normal(size=(layers, n)) for _ in range(models)]
+            floor = generator.normal(size=(layers, n)) if obj.needs_floor else None
+            for label, given in (("rows", rows), ("constant rows", [r * 0 for r in rows])):
+                try:
+                    first = np.asarray(obj.score_models(given, floor), dtype=float)
+                    second = np.asarray(obj.score_models(given, floor), dtype=float)
+                except Exception as error:
+                    problems.append(_failure(f"score_models on {models} models' {label}", error))
+                    continue
+                if first.shape != (layers,):
+                    problems.append(
+                        f"score_models returned shape {first.shape} for rows of {layers} "
+                        f"layers; return one score per layer, ({layers},)"
+                    )
+                elif np.isinf(first).any():
+                    problems.append("score_models returned infinite scores; use NaN instead")
+                elif not np.array_equal(first, second, equal_nan=True):
+                    problems.append("two calls of score_models on the same rows differ")
+    _raise(obj, [("", message) for message in dict.fromkeys(problems)])
+    return EvaluatorReport(obj.name, {"rows": {"aggregated": (layers, len(EXAMPLES))}})
 
 
 def _per_family(

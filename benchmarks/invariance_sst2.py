@@ -1,0 +1,289 @@
+"""Invariance across fine-tuning seeds (Ren et al. 2023) with MiniLM on SST-2.
+
+    python benchmarks/invariance_sst2.py [--seeds 0,1,2,3,4] [--train-limit 8000]
+        [--similarity-limit 1200] [--dev-limit N] [--device cpu]
+
+1. Fine-tunes MiniLM once per seed on the first ``--train-limit`` SST-2 train sentences (one
+   epoch; cached like ``attrib-bench finetune --seeds``) and reports each seed's dev accuracy.
+2. Representation similarity (``attrib-bench similarity``) between every pair of seeds on the
+   first ``--similarity-limit`` SST-2 train sentences, sentence means, every layer pair, with
+   the random-init floors; the learned maps (linear, MLP, INN) on the diagonal for the first
+   two seeds and their floors (they cost minutes per pair).
+3. The seed-invariance evaluator (``attrib-bench run --models``) for every built-in attributor
+   of the default run on the SST-2 dev sentences: Spearman and top-5 Jaccard between every pair
+   of seeds, and each seed against a random init (the floor), with bootstrap CIs; and the
+   Kendall tau of the method ranking (Spearman with saliency) between seeds.
+4. Writes benchmarks/results/invariance_sst2.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from attrib_bench.analyses.similarity import SimilarityConfig, run_similarity
+from attrib_bench.model.finetune import (
+    FinetuneConfig,
+    default_model_source,
+    finetune_seeds,
+    read_metadata,
+)
+from attrib_bench.results import write_json
+from attrib_bench.runner.engine import RunConfig
+from attrib_bench.runner.models import run_models
+
+SST2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2"
+RESULTS = Path(__file__).parent / "results"
+CKA_FAMILY = ("linear_cka", "rbf_cka", "svcca", "pwcca", "procrustes", "linreg_r2")
+LEARNED = ("linear_mse", "mlp_mse", "inn_mse")
+INVARIANCE = (
+    ("seed-invariance", "Spearman, seeds"),
+    ("seed-invariance:against=random-init", "Spearman, floor"),
+    ("seed-invariance:measure=jaccard", "top-5 Jaccard, seeds"),
+    ("seed-invariance:measure=jaccard,against=random-init", "top-5 Jaccard, floor"),
+)
+
+
+def diagonal(matrix: list[list[float | None]]) -> list[float | None]:
+    return [matrix[i][i] for i in range(min(len(matrix), len(matrix[0])))]
+
+
+def per_layer(report: dict, kind: str, measure: str) -> np.ndarray:
+    """Diagonal values of ``measure`` for every pair of ``kind``: (pairs, layers), NaN = null."""
+    rows = [
+        [np.nan if v is None else v for v in diagonal(p["measures"][measure])]
+        for p in report["pairs"]
+        if p["kind"] == kind and measure in p["measures"]
+    ]
+    return np.array(rows, dtype=float)
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None or np.isnan(value) else f"{value:.{digits}f}"
+
+
+def similarity_lines(report: dict, measures: tuple[str, ...], title: str) -> list[str]:
+    layers = len(diagonal(report["pairs"][0]["measures"]["linear_cka"]))
+    seeds = per_layer(report, "models", measures[0]).shape[0]
+    lines = [
+        title,
+        "",
+        f"Layer pair (i, i), i = 0 (embeddings) .. {layers - 1}. `seeds`: mean over the {seeds} "
+        "seed pairs [min, max]; `floor`: mean over seeds of seed -> random init; `random`: "
+        "random init -> another random init.",
+        "",
+        "| measure | pairs | " + " | ".join(f"L{i}" for i in range(layers)) + " |",
+        "|---|---|" + "---|" * layers,
+    ]
+    for measure in measures:
+        for kind, label in (
+            ("models", "seeds"),
+            ("random-floor", "floor"),
+            ("random-random", "random"),
+        ):
+            values = per_layer(report, kind, measure)
+            if values.size == 0:
+                continue
+            cells = []
+            for column in values.T:
+                mean = np.nanmean(column) if np.isfinite(column).any() else np.nan
+                cell = fmt(mean)
+                if kind == "models" and len(column) > 1 and np.isfinite(column).any():
+                    cell += f" [{fmt(np.nanmin(column))}, {fmt(np.nanmax(column))}]"
+                cells.append(cell)
+            lines.append(f"| `{measure}` | {label} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def invariance_lines(document: dict) -> list[str]:
+    methods = document["methods"]
+    dev = document["provenance"]["dataset"]["examples"]
+    models = document["models"]
+    lines = [
+        f"Seed invariance of attributions on {dev} SST-2 dev sentences: per example, the "
+        "agreement of a method's last-layer aggregated row under two of the "
+        f"{len(models['models'])} seed models (mean over seed pairs), or under a seed and a "
+        "random init of MiniLM (the floor, mean over seeds); mean over examples [95% bootstrap "
+        "CI]. Spearman with saliency is the per-model leaderboard score (the first seed's).",
+        "",
+        "| method | Spearman with saliency | "
+        + " | ".join(label for _, label in INVARIANCE)
+        + " |",
+        "|---|---|" + "---|" * len(INVARIANCE),
+    ]
+
+    def cell(spec: str, evaluator: str) -> str:
+        entry = methods[spec]["scores"].get(evaluator, {}).get("aggregated")
+        if not entry or entry[-1]["mean"] is None:
+            return "n/a"
+        last = entry[-1]
+        low, high = last["ci95"]
+        return f"{last['mean']:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+    order = sorted(
+        methods,
+        key=lambda s: -(methods[s]["scores"]["seed-invariance"]["aggregated"][-1]["mean"] or -9),
+    )
+    for spec in order:
+        cells = [cell(spec, evaluator) for evaluator, _ in INVARIANCE]
+        lines.append(f"| `{spec}` | {cell(spec, 'spearman')} | " + " | ".join(cells) + " |")
+    ranking = models["ranking"]
+    tau = np.array(
+        [[np.nan if v is None else v for v in row] for row in ranking["kendall_tau"]], dtype=float
+    )
+    lines += [
+        "",
+        f"Stability of the leaderboard: Kendall tau-b between the seeds' rankings of "
+        f"{len(ranking['methods'])} methods by Spearman with saliency (last layer, aggregated; "
+        f"the reference left out): mean {fmt(ranking['mean'])}, min {fmt(ranking['min'])} over "
+        f"{len(tau) * (len(tau) - 1) // 2} seed pairs.",
+        "",
+        "| method | " + " | ".join(f"seed {i}" for i in range(len(tau))) + " |",
+        "|---|" + "---|" * len(tau),
+    ]
+    for spec in ranking["methods"]:
+        values = [entry["last_layer"][spec]["spearman"] for entry in models["per_model"]]
+        lines.append(f"| `{spec}` | " + " | ".join(f"{v:+.3f}" for v in values) + " |")
+    return [*lines, ""]
+
+
+def plot(similarity: dict, learned: dict, document: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    labels = {
+        "models": "seed pairs",
+        "random-floor": "seed -> random init",
+        "random-random": "random -> random",
+    }
+    for kind, label in labels.items():
+        values = per_layer(similarity, kind, "linear_cka")
+        axes[0].plot(np.nanmean(values, axis=0), marker="o", label=label)
+    axes[0].set(
+        title="linear CKA, layer i vs layer i", xlabel="layer (0 = embeddings)", ylim=(0, 1.05)
+    )
+    axes[0].legend(fontsize=8)
+    for measure in LEARNED:
+        for kind, style in (("models", "-"), ("random-floor", ":")):
+            values = per_layer(learned, kind, measure)
+            if values.size:
+                axes[1].plot(
+                    np.nanmean(values, axis=0),
+                    style,
+                    marker="o",
+                    label=f"{measure} ({labels[kind]})",
+                )
+    axes[1].set(
+        title="held-out MSE of learned maps (seed 0 -> seed 1)", xlabel="layer (0 = embeddings)"
+    )
+    axes[1].legend(fontsize=7)
+    methods = document["methods"]
+    names = sorted(
+        methods,
+        key=lambda s: methods[s]["scores"]["seed-invariance"]["aggregated"][-1]["mean"] or -9,
+    )
+    seeds = [methods[s]["scores"]["seed-invariance"]["aggregated"][-1]["mean"] for s in names]
+    floors = [
+        methods[s]["scores"]["seed-invariance:against=random-init"]["aggregated"][-1]["mean"]
+        for s in names
+    ]
+    y = np.arange(len(names))
+    axes[2].barh(y + 0.2, seeds, height=0.4, label="between seeds")
+    axes[2].barh(y - 0.2, floors, height=0.4, label="seed vs random init (floor)")
+    axes[2].set_yticks(y, names, fontsize=7)
+    axes[2].set(title="seed invariance (Spearman, last layer)", xlim=(-0.2, 1.05))
+    axes[2].legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0,1,2,3,4")
+    parser.add_argument("--train-limit", type=int, default=8000)
+    parser.add_argument("--similarity-limit", type=int, default=1200)
+    parser.add_argument("--dev-limit", type=int, default=None)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    timings = {}
+
+    start = time.perf_counter()
+    config = FinetuneConfig(
+        model=default_model_source(), dataset=str(SST2), split="train", limit=args.train_limit
+    )
+    directories = finetune_seeds(config, seeds, device=args.device)
+    models = [str(d) for d in directories]
+    finetuned = [read_metadata(d) for d in directories]
+    timings["finetune_s"] = round(time.perf_counter() - start, 1)
+
+    start = time.perf_counter()
+    common = dict(dataset=str(SST2), split="train", limit=args.similarity_limit, device=args.device)
+    similarity = run_similarity(SimilarityConfig(models=models, learned=False, **common))
+    timings["similarity_s"] = round(time.perf_counter() - start, 1)
+    start = time.perf_counter()
+    learned = run_similarity(SimilarityConfig(models=models[:2], **common))
+    timings["learned_maps_s"] = round(time.perf_counter() - start, 1)
+
+    start = time.perf_counter()
+    run = RunConfig(
+        models=models, dataset=str(SST2), split="dev", limit=args.dev_limit, device=args.device
+    )
+    document = run_models(run)
+    timings["invariance_run_s"] = round(time.perf_counter() - start, 1)
+
+    RESULTS.mkdir(exist_ok=True)
+    load = os.getloadavg()[0]
+    lines = [
+        "# Invariance across fine-tuning seeds: MiniLM-L6 on SST-2",
+        "",
+        f"`python benchmarks/invariance_sst2.py` on {os.cpu_count()} CPU cores, no GPU "
+        f"(load average {load:.1f} at the end); seconds: {timings}.",
+        "",
+        "| seed | dev accuracy | fine-tuning seconds | model directory |",
+        "|---|---|---|---|",
+    ]
+    for seed, meta, model in zip(seeds, finetuned, models, strict=True):
+        lines.append(
+            f"| {seed} | {meta['eval_accuracy']:.4f} | {meta['seconds']} | `{Path(model).name}` |"
+        )
+    lines += [""]
+    lines += similarity_lines(
+        similarity,
+        CKA_FAMILY,
+        f"## Representation similarity ({similarity['dataset']['sentences']} SST-2 train "
+        "sentences, sentence means)",
+    )
+    lines += similarity_lines(
+        learned,
+        (*LEARNED, "linear_r2", "mlp_r2", "inn_r2"),
+        "## Learned alignment maps, seed 0 -> seed 1 (held-out 30% of the sentences)",
+    )
+    lines += ["## Seed invariance of attributions", "", *invariance_lines(document)]
+    text = "\n".join(lines)
+    (RESULTS / "invariance_sst2.md").write_text(text)
+    write_json(
+        {
+            "timings": timings,
+            "seeds": seeds,
+            "finetune": finetuned,
+            "similarity": similarity,
+            "learned_maps": learned,
+            "invariance": document,
+        },
+        RESULTS / "invariance_sst2.json",
+    )
+    plot(similarity, learned, document, RESULTS / "invariance_sst2.png")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
