@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, Trace
-
-
-def example_generator(seed: int, example_id: str) -> torch.Generator:
-    """A generator seeded by (seed, example id): the scores never depend on batch companions."""
-    digest = hashlib.sha256(f"{seed}:{example_id}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
+from attrib_bench.toolkit.erasure import example_generator
 
 
 class RandomAttributor(Configurable):

@@ -59,13 +59,18 @@ import torch
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, EvalContext, Trace, UsageError
+from attrib_bench.toolkit.erasure import (
+    CACHE_KEY,
+    REMOVALS,
+    erase,  # noqa: F401 - tests/test_faithfulness.py imports it from here
+    explained,
+    forward_erased,
+    resolve_removal,
+)
 from attrib_bench.toolkit.ranking import erasure_mask, scored_row
 
-REMOVALS = ("auto", "mask", "pad", "zero", "delete")
 AOPC_RATIOS = "0.1/0.2/0.3/0.4/0.5/0.6/0.7/0.8/0.9"
 CURVE_RATIOS = "0/0.1/0.2/0.3/0.4/0.5/0.6/0.7/0.8/0.9/1"
-#: Where erased predictions are kept within one batch's trace, shared by every evaluator here.
-CACHE_KEY = "faithfulness.erased_log_probabilities"
 
 
 def parse_ratios(text: str) -> tuple[float, ...]:
@@ -77,80 +82,6 @@ def parse_ratios(text: str) -> tuple[float, ...]:
     if not ratios or any(not 0.0 <= r <= 1.0 for r in ratios):
         raise UsageError(f"ratios must lie in [0, 1], got {text!r}")
     return ratios
-
-
-def resolve_removal(removal: str, tokenizer) -> str:
-    """``auto``: ``mask`` with a tokenizer that has a mask token (the encoders), else ``delete``
-    (decoders have none): a causal LM reads the shortened prefix as text, where a pad (EOS)
-    token or a zero vector inside it is an input it never saw."""
-    has_mask = tokenizer.mask_token_id is not None
-    if removal == "auto":
-        return "mask" if has_mask else "delete"
-    if removal == "mask" and not has_mask:
-        raise UsageError(
-            "removal=mask needs a tokenizer with a mask token; use removal=auto, pad, zero "
-            "or delete"
-        )
-    return removal
-
-
-def erase(
-    inputs: dict[str, torch.Tensor], erase_VN: torch.Tensor, removal: str, tokenizer
-) -> dict[str, torch.Tensor]:
-    """Model inputs with the marked tokens erased (``zero`` is applied by a hook instead).
-
-    Replacements keep the other inputs, ``position_ids`` included; ``delete`` re-packs the
-    sequence and leaves its positions to the model. An input with every token deleted (a
-    decoder's has no special token to keep) is the empty context, which a language model reads
-    as its start token alone: BOS, or the pad token for a tokenizer without one.
-    """
-    ids = inputs["input_ids"]
-    if removal in ("mask", "pad"):
-        token_id = tokenizer.mask_token_id if removal == "mask" else tokenizer.pad_token_id
-        return {**inputs, "input_ids": torch.where(erase_VN, token_id, ids)}
-    if removal == "zero":
-        return inputs
-    kept_VN = inputs["attention_mask"].bool() & ~erase_VN
-    order = torch.sort((~kept_VN).to(torch.int32), dim=1, stable=True).indices  # kept first
-    length = max(1, int(kept_VN.sum(dim=1).max()))
-    kept = kept_VN.gather(1, order)[:, :length]
-    ids = torch.where(kept, ids.gather(1, order)[:, :length], tokenizer.pad_token_id)
-    empty_V = ~kept.any(dim=1)
-    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.pad_token_id
-    ids[empty_V, 0] = start
-    kept[empty_V, 0] = True
-    out = {"input_ids": ids, "attention_mask": kept.to(inputs["attention_mask"].dtype)}
-    if "token_type_ids" in inputs:
-        types = inputs["token_type_ids"].gather(1, order)[:, :length]
-        out["token_type_ids"] = torch.where(kept, types, 0)
-    return out
-
-
-def _forward(
-    trace: Trace, inputs: dict, erase_VN: torch.Tensor, removal: str, positions_V: torch.Tensor
-) -> torch.Tensor:
-    """Log-probabilities of the erased variants, (V, C) in float64, a language model's at the
-    target position: ``positions_V`` (each variant's example's) where tokens stay in place, the
-    target token of the re-packed input for ``delete``."""
-    from attrib_bench.model.load import target_logits  # transformers: not at `list` time
-
-    handle = None
-    if removal == "zero":
-        keep_VN1 = (~erase_VN)[..., None]
-        handle = trace.loaded.embeddings.register_forward_hook(
-            lambda _module, _args, output: output * keep_VN1.to(output.dtype)
-        )
-    erased = erase(inputs, erase_VN, removal, trace.loaded.tokenizer)
-    if removal == "delete":
-        positions_V = trace.target.positions(erased["attention_mask"])
-    try:
-        with torch.no_grad():
-            logits = trace.model(**erased).logits
-    finally:
-        if handle is not None:
-            handle.remove()
-    logits = target_logits(trace.loaded, logits, positions_V)
-    return torch.log_softmax(logits.double(), dim=-1)
 
 
 class Erasure(Configurable, ABC):
@@ -208,6 +139,8 @@ class Erasure(Configurable, ABC):
         self, trace: Trace, removal: str, erase_RBN: np.ndarray, todo: dict, cache: dict
     ) -> None:
         """Batched passes of at most ``chunk_tokens`` tokens over the variants in ``todo``."""
+        from attrib_bench.model.load import target_logits  # transformers: not at `list` time
+
         batch = trace.batch
         inputs = batch.model_inputs()
         positions_BN = trace.loaded.position_ids(batch.input_ids_BN)
@@ -223,7 +156,9 @@ class Erasure(Configurable, ABC):
             variant_inputs = {name: t[example_index] for name, t in inputs.items()}
             erase_VN = erase_RBN[ratio_index, example_index]
             positions_V = trace.target_positions_B[example_index]
-            log_probs = _forward(trace, variant_inputs, erase_VN, removal, positions_V)
+            log_probs = forward_erased(
+                trace, variant_inputs, erase_VN, removal, positions_V, target_logits
+            )
             for (key, _), values in zip(chunk, log_probs.cpu().numpy(), strict=True):
                 cache[key] = values
 
@@ -245,18 +180,6 @@ class Erasure(Configurable, ABC):
     ) -> np.ndarray:
         """Per-example score from f (``explained``) before (B,) and after erasure (R, B), and
         the log-probabilities after erasure (R, B, C)."""
-
-
-def explained(trace: Trace, log_probs_RBC: np.ndarray) -> np.ndarray:
-    """f of each row, (R, B): p(y) of the target class, or for a contrastive target the score
-    log p(y) - log p(foil), which is logit(y) - logit(foil)."""
-    classes_B = trace.target_classes_B.cpu().numpy()
-    columns = np.arange(len(classes_B))
-    chosen_RB = log_probs_RBC[:, columns, classes_B]
-    foils = trace.target_foils_B
-    if foils is None:
-        return np.exp(chosen_RB)
-    return chosen_RB - log_probs_RBC[:, columns, foils.cpu().numpy()]
 
 
 class Comprehensiveness(Erasure):

@@ -1,16 +1,19 @@
-"""Gradient methods at the embedding output, through Captum (../shared/specs/evaluation.md).
+"""Gradient methods at the embedding layer, through Captum (../shared/specs/evaluation.md).
 
-The attribution is taken at the output of the embedding module (``LoadedModel.embeddings``: an
-encoder family's ``hidden_states[0]``, after the embedding LayerNorm; the token embeddings,
-``get_input_embeddings()``, for a decoder language model, with or without an adapter, and for
-any model without one) for the run's target score (attrib_bench.core.target: by default the
-logit of the predicted class; under ``score=contrastive`` the logit of ``class=`` minus that of
-its foil, per example; ``target=predicted|gold`` on the method overrides it with that class's
-logit), and reduced per token by the L2 norm over the hidden dimension (``reduce=sum``: signed
-sum). A contrastive score (two logits' difference) is no single output Captum could select, so
-the forward function then returns the score itself. A language model's logits are read at each
-example's target position (``target_logits``). Nothing but the model's own forward pass is
-needed, so these methods run on any Hugging Face classifier or causal language model.
+``layer=embeddings`` (the default) attributes at the output of the embedding module
+(``LoadedModel.embeddings``: an encoder family's ``hidden_states[0]``, after the embedding
+LayerNorm, GlobEnc's convention; the token embeddings, ``get_input_embeddings()``, for a decoder
+language model and for any model without a spec); ``layer=word_embeddings`` at the output of the
+word-embedding lookup (``get_input_embeddings()``), where ferret, Captum's tutorials and Inseq
+attribute. The score differentiated is the run's target score (attrib_bench.core.target: by
+default the logit of the predicted class; under ``score=contrastive`` the logit of ``class=``
+minus that of its foil, per example; ``target=predicted|gold`` on the method overrides it with
+that class's logit). Per token the hidden dimension is reduced by ``reduce``: ``l2`` (the default,
+GlobEnc's), ``sum`` (signed) or ``abs-sum`` (ferret's plain gradient). A contrastive score (two
+logits' difference) is no single output Captum could select, so the forward function then
+returns the score itself. A language model's logits are read at each example's target position
+(``target_logits``). Nothing but the model's own forward pass is needed, so these methods run on
+any Hugging Face classifier or causal language model.
 """
 
 from __future__ import annotations
@@ -23,89 +26,106 @@ import torch
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, Trace, UsageError
-from attrib_bench.core.target import target_score
+from attrib_bench.toolkit.captum_inputs import (
+    captum_arguments,
+    example_arguments,
+    example_seed,
+    explained_classes,
+    scored_forward,
+    seeded,
+)
 
 if TYPE_CHECKING:  # model.load imports transformers, which `attrib-bench list` does without
     from attrib_bench.model.load import LoadedModel
 
 
-def _forward(loaded: LoadedModel) -> Callable[..., torch.Tensor]:
-    """The target logits (B, C), or with ``foils`` the contrastive score (Captum expands every
-    argument per step: the target positions too)."""
-    from attrib_bench.model.load import target_logits
-
-    def forward(
-        input_ids,
-        attention_mask,
-        positions,
-        token_type_ids=None,
-        position_ids=None,
-        classes=None,
-        foils=None,
-    ):
-        optional = {"token_type_ids": token_type_ids, "position_ids": position_ids}
-        out = loaded.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            **{name: value for name, value in optional.items() if value is not None},
-        )
-        logits = target_logits(loaded, out.logits, positions)
-        return logits if foils is None else target_score(logits, classes, foils)
-
-    return forward
+def _attribution_layer(loaded: LoadedModel, choice: str) -> torch.nn.Module:
+    """The module whose output is attributed: see the module docstring."""
+    return loaded.embeddings if choice == "embeddings" else loaded.model.get_input_embeddings()
 
 
-def _explained(trace: Trace, choice: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The classes (and contrastive foils) whose score is differentiated: the run's target
-    score for ``run``, else the logit of the class the method's ``target=`` names."""
-    if choice == "run":
-        return trace.target_classes_B, trace.target_foils_B
-    if choice == "predicted":
-        return trace.predicted_B, None
-    labels = trace.batch.labels
-    if labels is None:
-        raise UsageError("target=gold needs a label for every example; this dataset has none")
-    return labels, None
-
-
-def _captum_arguments(
-    trace: Trace,
-    classes_B: torch.Tensor,
-    foils_B: torch.Tensor | None,
-    position_ids: torch.Tensor | None = None,
-) -> dict:
-    """Captum's ``target`` and ``additional_forward_args`` for the explained score."""
+def _pad_baseline(trace: Trace) -> torch.Tensor:
+    """The [PAD] baseline's token ids: special tokens kept, every other token [PAD]."""
     batch = trace.batch
-    args = (
-        batch.attention_mask_BN,
-        trace.target_positions_B,
-        batch.token_type_ids_BN,
-        position_ids,
+    pad_id = trace.loaded.tokenizer.pad_token_id
+    return torch.where(
+        batch.special_tokens_mask_BN.bool(),
+        batch.input_ids_BN,
+        torch.full_like(batch.input_ids_BN, pad_id),
     )
-    if foils_B is None:
-        return {"target": classes_B, "additional_forward_args": args}
-    return {"target": None, "additional_forward_args": (*args, classes_B, foils_B)}
+
+
+class _Scored(torch.nn.Module):
+    """``scored_forward`` as a module: Captum's DeepLift hooks the nonlinear modules of a model."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        super().__init__()
+        self.model = loaded.model
+        self.score = scored_forward(loaded)
+
+    def forward(self, *args: torch.Tensor | None) -> torch.Tensor:
+        return self.score(*args)
+
+
+def _from_layer(loaded: LoadedModel, layer: torch.nn.Module) -> Callable[..., torch.Tensor]:
+    """``scored_forward`` as a function of ``layer``'s output (the token ids come as an argument):
+    GradientShap interpolates and adds noise in its input space, which token ids are not."""
+    forward = scored_forward(loaded)
+
+    def from_layer(layer_output, input_ids, *args):
+        handle = layer.register_forward_hook(lambda *_: layer_output)
+        try:
+            return forward(input_ids, *args)
+        finally:
+            handle.remove()
+
+    return from_layer
+
+
+@torch.no_grad()
+def _layer_output(
+    loaded: LoadedModel, layer: torch.nn.Module, input_ids: torch.Tensor, args: tuple
+) -> torch.Tensor:
+    """``layer``'s output on ``input_ids`` (``args``: ``scored_forward``'s other inputs)."""
+    kept = []
+    handle = layer.register_forward_hook(lambda _m, _a, output: kept.append(output))
+    try:
+        scored_forward(loaded)(input_ids, *args[:4])
+    finally:
+        handle.remove()
+    return kept[0]
 
 
 class _EmbeddingGradient(Configurable, ABC):
     requires = frozenset()
-    parameters = {"target": "run", "reduce": "l2"}
-    choices = {"target": ("run", "predicted", "gold"), "reduce": ("l2", "sum")}
+    parameters = {"target": "run", "reduce": "l2", "layer": "embeddings"}
+    choices = {
+        "target": ("run", "predicted", "gold"),
+        "reduce": ("l2", "sum", "abs-sum"),
+        "layer": ("embeddings", "word_embeddings"),
+    }
 
     @abstractmethod
     def per_dimension(
         self, trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None
     ) -> torch.Tensor:
-        """Attribution at the embedding output, (B, N, D); each subclass is one Captum method."""
+        """Attribution at the chosen layer's output, (B, N, D); each subclass is one Captum
+        method."""
+
+    def layer(self, trace: Trace) -> torch.nn.Module:
+        return _attribution_layer(trace.loaded, self.params["layer"])
 
     def attribute(self, trace: Trace) -> Attribution:
         batch = trace.batch
-        classes_B, foils_B = _explained(trace, self.params["target"])
+        classes_B, foils_B = explained_classes(trace, self.params["target"])
         values_BND = self.per_dimension(trace, classes_B, foils_B).detach()
-        if self.params["reduce"] == "l2":
+        reduce = self.params["reduce"]
+        if reduce == "l2":
             scores_BN = values_BND.norm(dim=-1)
-        else:
+        elif reduce == "sum":
             scores_BN = values_BND.sum(dim=-1)
+        else:
+            scores_BN = values_BND.abs().sum(dim=-1)
         scores_BN = scores_BN * batch.attention_mask_BN
         return Attribution(aggregated_BLN=scores_BN[:, None, :])
 
@@ -123,12 +143,12 @@ class Saliency(_EmbeddingGradient):
         from captum.attr import LayerGradientXActivation  # captum imports matplotlib: 0.6 s
 
         method = LayerGradientXActivation(
-            _forward(trace.loaded),
-            trace.loaded.embeddings,
+            scored_forward(trace.loaded),
+            self.layer(trace),
             multiply_by_inputs=self.multiply_by_inputs,
         )
         return method.attribute(
-            trace.batch.input_ids_BN, **_captum_arguments(trace, classes_B, foils_B)
+            trace.batch.input_ids_BN, **captum_arguments(trace, classes_B, foils_B)
         )
 
 
@@ -139,7 +159,7 @@ class Gradient(Saliency):
 
 
 class IntegratedGradients(_EmbeddingGradient):
-    """Captum LayerIntegratedGradients on the embedding module, [PAD] baseline.
+    """Captum LayerIntegratedGradients on the attribution layer, [PAD] baseline.
 
     The baseline keeps the special tokens and replaces every other token by [PAD], so the path
     runs from a content-free input of the same length to the real one. Captum embeds the
@@ -158,20 +178,14 @@ class IntegratedGradients(_EmbeddingGradient):
     def per_dimension(
         self, trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None
     ) -> torch.Tensor:
-        batch = trace.batch
-        pad_id = trace.loaded.tokenizer.pad_token_id
-        baseline = torch.where(
-            batch.special_tokens_mask_BN.bool(),
-            batch.input_ids_BN,
-            torch.full_like(batch.input_ids_BN, pad_id),
-        )
         from captum.attr import LayerIntegratedGradients
 
-        method = LayerIntegratedGradients(_forward(trace.loaded), trace.loaded.embeddings)
+        batch = trace.batch
+        method = LayerIntegratedGradients(scored_forward(trace.loaded), self.layer(trace))
         return method.attribute(
             batch.input_ids_BN,
-            baselines=baseline,
-            **_captum_arguments(
+            baselines=_pad_baseline(trace),
+            **captum_arguments(
                 trace, classes_B, foils_B, trace.loaded.position_ids(batch.input_ids_BN)
             ),
             n_steps=self.params["steps"],
@@ -179,6 +193,115 @@ class IntegratedGradients(_EmbeddingGradient):
         )
 
 
+class DeepLift(_EmbeddingGradient):
+    """Captum LayerDeepLift (rescale rule) on the attribution layer, [PAD] baseline as in
+    integrated-gradients.
+
+    Captum applies DeepLift's rescale rule to the nonlinearities that are modules of a type it
+    knows (in BERT the pooler's ``nn.Tanh``); GELU (``GELUActivation``), the attention softmax
+    and LayerNorm are functional or unknown to it, so their multipliers are their gradients at
+    the input: on a model with none it knows (RoBERTa's head uses ``torch.tanh``) the result is
+    gradient x (input - baseline) at the layer. Reported as Captum computes it.
+    """
+
+    name = "deeplift"
+    in_default_run = False  # 12x a forward pass on MiniLM (two passes and a backward, hooked)
+    description = "DeepLift (rescale) on the embeddings, [PAD] baseline (Captum LayerDeepLift)"
+
+    def per_dimension(
+        self, trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None
+    ) -> torch.Tensor:
+        import warnings
+
+        from captum.attr import LayerDeepLift
+
+        batch = trace.batch
+        method = LayerDeepLift(_Scored(trace.loaded), self.layer(trace))
+        baseline_BN = _pad_baseline(trace)
+        rows = []
+        # One example at a time over its real tokens: the rescale rule divides differences of
+        # near-equal activations, which turns the float noise padding adds into visible changes.
+        for row in range(batch.input_ids_BN.shape[0]):
+            ids, arguments = example_arguments(trace, row, classes_B, foils_B)
+            real_N = batch.attention_mask_BN[row].bool()
+            with warnings.catch_warnings():  # Captum says it hooks the nonlinearities, each call
+                warnings.filterwarnings("ignore", message=".*non-linear.*")
+                warnings.filterwarnings("ignore", message=".*reused.*")
+                values = method.attribute(
+                    ids, baselines=baseline_BN[row : row + 1, real_N], **arguments
+                )
+            padded = values.new_zeros(batch.input_ids_BN.shape[1:] + values.shape[-1:])
+            padded[real_N] = values[0]
+            rows.append(padded)
+        return torch.stack(rows)
+
+
+class GradientShap(_EmbeddingGradient):
+    """Captum GradientShap on the attribution layer's output, per example, seeded.
+
+    The baseline distribution: ``baselines`` sequences of the example's length, special tokens
+    kept and every other token drawn uniformly from the vocabulary's non-special tokens, embedded
+    at the real input's positions; Captum draws ``samples`` (baseline, point on the path) pairs
+    and adds Gaussian noise of ``stdevs`` to the layer output. Everything random is drawn from a
+    seed of (run seed + ``seed``, example id), example by example.
+    """
+
+    name = "gradient-shap"
+    in_default_run = False  # 51x a forward pass on MiniLM at samples=16
+    description = "GradientSHAP on the embeddings, random-token baselines (Captum; samples=16)"
+    parameters = {
+        **_EmbeddingGradient.parameters,
+        "samples": 16,
+        "baselines": 8,
+        "stdevs": 0.0,
+        "seed": 0,
+    }
+
+    def validate(self) -> None:
+        if self.params["samples"] < 1 or self.params["baselines"] < 1:
+            raise UsageError(f"gradient-shap: samples and baselines must be >= 1: {self.params}")
+        if self.params["stdevs"] < 0:
+            raise UsageError(f"gradient-shap:stdevs must be >= 0, got {self.params['stdevs']}")
+
+    def per_dimension(
+        self, trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None
+    ) -> torch.Tensor:
+        from captum.attr import GradientShap as CaptumGradientShap
+
+        loaded, batch, layer = trace.loaded, trace.batch, self.layer(trace)
+        special = torch.tensor(loaded.tokenizer.all_special_ids, device=loaded.device)
+        vocabulary = torch.arange(loaded.model.get_input_embeddings().num_embeddings)
+        vocabulary = vocabulary[~torch.isin(vocabulary, special.cpu())].to(loaded.device)
+        method = CaptumGradientShap(_from_layer(loaded, layer))
+        rows = []
+        for row in range(batch.input_ids_BN.shape[0]):
+            ids, arguments = example_arguments(trace, row, classes_B, foils_B)
+            args = arguments["additional_forward_args"]
+            with seeded(example_seed(self.params["seed"], trace, row), loaded.device):
+                picks = torch.randint(len(vocabulary), (self.params["baselines"], ids.shape[1]))
+                keep = torch.isin(ids, special)
+                baseline_ids = torch.where(keep, ids, vocabulary[picks.to(loaded.device)])
+                repeated = tuple(
+                    None if a is None or a.ndim < 2 else a.expand(len(baseline_ids), -1)
+                    for a in args[:4:2]
+                )
+                expanded = (repeated[0], args[1].expand(len(baseline_ids)), repeated[1])
+                position_ids = None if args[3] is None else args[3].expand(len(baseline_ids), -1)
+                baselines = _layer_output(loaded, layer, baseline_ids, (*expanded, position_ids))
+                values = method.attribute(
+                    _layer_output(loaded, layer, ids, args),
+                    baselines=baselines,
+                    n_samples=self.params["samples"],
+                    stdevs=self.params["stdevs"],
+                    target=arguments["target"],
+                    additional_forward_args=(ids, *args),
+                )
+            padded = values.new_zeros(batch.input_ids_BN.shape + values.shape[-1:])
+            padded[row, batch.attention_mask_BN[row].bool()] = values[0]
+            rows.append(padded[row])
+        return torch.stack(rows)
+
+
 @attrib_bench.hookimpl
 def attrib_bench_attributors() -> list:
-    return [Saliency(), Gradient(), IntegratedGradients()]
+    return [Saliency(), Gradient(), IntegratedGradients(), DeepLift(), GradientShap()]

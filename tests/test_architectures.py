@@ -304,7 +304,9 @@ def test_list_shows_each_family_and_the_attributors_it_can_run(run_cli, tmp_path
     assert code == 0, err
     assert "architectures" in out
     (row,) = [line for line in out.splitlines() if line.startswith("│ megatron-bert ")]
-    assert re.search(rf"│ block=pre-ln, +│ attention, +│ file {re.escape(str(plugin))} +│$", row)
+    assert re.search(
+        rf"│ block=pre-ln, +│ alti, attention, +│ file {re.escape(str(plugin))} +│$", row
+    )
 
 
 def test_unknown_needs_are_usage_errors(tmp_path):

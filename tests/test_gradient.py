@@ -130,3 +130,138 @@ def test_integrated_gradients_baseline_keeps_the_kept_tokens_embeddings(tiny_mod
     baseline = embedded[tuple(baseline_ids.flatten().tolist())]
     kept = baseline_ids == batch.input_ids_BN  # special tokens and padding
     torch.testing.assert_close(baseline[kept], original[kept])
+
+
+# ---- layer= and reduce= options, DeepLift, GradientSHAP -------------------------------------
+
+
+def float64_setup(tiny_bert):
+    loaded = load_model(str(tiny_bert), "cpu")
+    loaded.model.double()
+    return loaded, trace_batch(loaded, one_batch(loaded, examples()), set())
+
+
+def layer_gradient(loaded, trace, layer):
+    """d(predicted logit)/d(layer output) and the layer output, by plain autograd, float64."""
+    kept = {}
+
+    def hook(_module, _args, output):
+        output.retain_grad()
+        kept["out"] = output
+
+    handle = layer.register_forward_hook(hook)
+    try:
+        logits = loaded.model(**trace.batch.model_inputs()).logits
+    finally:
+        handle.remove()
+    logits.gather(1, trace.predicted_B[:, None]).sum().backward()
+    return kept["out"].grad.detach(), kept["out"].detach()
+
+
+@pytest.mark.parametrize("layer", ["embeddings", "word_embeddings"])
+@pytest.mark.parametrize("reduce", ["l2", "sum", "abs-sum"])
+def test_layer_and_reduce_options_equal_autograd(tiny_bert, layer, reduce):
+    loaded, trace = float64_setup(tiny_bert)
+    module = loaded.embeddings if layer == "embeddings" else loaded.model.get_input_embeddings()
+    grad, activation = layer_gradient(loaded, trace, module)
+    options = {"layer": layer, "reduce": reduce, "target": "predicted"}
+    mask = trace.mask_BN.bool()
+    for method, per_dim in ((Gradient(), grad), (Saliency(), grad * activation)):
+        expected = torch.zeros(per_dim.shape[:2], dtype=torch.float64)
+        for b in range(per_dim.shape[0]):  # the reduction from its definition, token by token
+            for i in range(per_dim.shape[1]):
+                v = per_dim[b, i].tolist()
+                if reduce == "l2":
+                    expected[b, i] = sum(x * x for x in v) ** 0.5
+                elif reduce == "sum":
+                    expected[b, i] = sum(v)
+                else:
+                    expected[b, i] = sum(abs(x) for x in v)
+        ours = method.configure(options).attribute(trace).aggregated_BLN[:, 0]
+        torch.testing.assert_close(ours[mask], expected[mask], rtol=1e-9, atol=1e-12)
+
+
+def test_defaults_are_todays_behaviour():
+    for method in (Saliency(), Gradient(), OurIG()):
+        assert method.params["layer"] == "embeddings" and method.params["reduce"] == "l2"
+
+
+def test_word_embeddings_layer_equals_captum(tiny_bert):
+    from captum.attr import LayerGradientXActivation, LayerIntegratedGradients
+
+    from attrib_bench.toolkit.captum_inputs import scored_forward as _forward
+
+    loaded, trace = float64_setup(tiny_bert)
+    batch, words = trace.batch, loaded.model.get_input_embeddings()
+    args = (batch.attention_mask_BN, trace.target_positions_B, batch.token_type_ids_BN)
+    direct = LayerGradientXActivation(_forward(loaded), words).attribute(
+        batch.input_ids_BN, target=trace.predicted_B, additional_forward_args=args
+    )
+    ours = Saliency().configure({"layer": "word_embeddings", "reduce": "sum"}).attribute(trace)
+    mask = trace.mask_BN.bool()
+    torch.testing.assert_close(ours.aggregated_BLN[:, 0][mask], direct.sum(-1)[mask])
+    ig = LayerIntegratedGradients(_forward(loaded), words).attribute(
+        batch.input_ids_BN,
+        baselines=pad_baseline(loaded, batch),
+        target=trace.predicted_B,
+        additional_forward_args=(*args, loaded.position_ids(batch.input_ids_BN)),
+        n_steps=4,
+    )
+    ours = OurIG().configure({"layer": "word_embeddings", "steps": "4"}).attribute(trace)
+    torch.testing.assert_close(ours.aggregated_BLN[:, 0][mask], ig.norm(dim=-1)[mask])
+
+
+def test_deeplift_without_known_nonlinearities_is_gradient_times_delta(tiny_roberta):
+    """RoBERTa's head calls torch.tanh: Captum's DeepLift then has no rescale rule to apply,
+    and its attribution is the gradient at the input times (input - baseline) at the layer."""
+    from attrib_bench_plugins.gradient import DeepLift
+
+    loaded, trace = float64_setup(tiny_roberta)
+    batch = trace.batch
+    grad, activation = layer_gradient(loaded, trace, loaded.embeddings)
+    with torch.no_grad():
+        base = loaded.embeddings(
+            input_ids=pad_baseline(loaded, batch),
+            position_ids=loaded.position_ids(batch.input_ids_BN),
+        )
+    expected = (grad * (activation - base)).sum(-1)
+    ours = DeepLift().configure({"reduce": "sum", "target": "predicted"}).attribute(trace)
+    mask = trace.mask_BN.bool()
+    torch.testing.assert_close(ours.aggregated_BLN[:, 0][mask], expected[mask])
+
+
+def test_deeplift_runs_on_bert_and_rescales_the_pooler(tiny_bert):
+    """BERT's pooler is an nn.Tanh: Captum rescales it, so the result differs from
+    gradient x delta but stays finite and nonzero."""
+    from attrib_bench_plugins.gradient import DeepLift
+
+    _, trace = float64_setup(tiny_bert)
+    scores = DeepLift().attribute(trace).aggregated_BLN[:, 0]
+    assert torch.isfinite(scores).all() and (scores[trace.mask_BN.bool()] != 0).any()
+
+
+def test_gradient_shap_is_seeded_and_batch_independent(tiny_bert):
+    from attrib_bench_plugins.gradient import GradientShap
+
+    loaded, trace = float64_setup(tiny_bert)
+    method = GradientShap().configure({"samples": "4"})
+    first = method.attribute(trace).aggregated_BLN
+    torch.testing.assert_close(first, method.attribute(trace).aggregated_BLN, rtol=0, atol=0)
+    alone = trace_batch(loaded, one_batch(loaded, examples()[1:2]), set())
+    n, row = int(alone.mask_BN.sum()), [e.id for e in trace.batch.examples].index("1")
+    torch.testing.assert_close(method.attribute(alone).aggregated_BLN[0, 0, :n], first[row, 0, :n])
+    other = method.configure({"seed": "1"}).attribute(trace).aggregated_BLN
+    assert not torch.allclose(first, other)
+
+
+@pytest.mark.parametrize("name", ["deeplift", "gradient-shap", "word-layer"])
+def test_new_gradient_methods_conform(name):
+    from attrib_bench.testing.conformance import check_attributor
+    from attrib_bench_plugins.gradient import DeepLift, GradientShap
+
+    method = {
+        "deeplift": DeepLift(),
+        "gradient-shap": GradientShap().configure({"samples": "4"}),
+        "word-layer": Saliency().configure({"layer": "word_embeddings", "reduce": "abs-sum"}),
+    }[name]
+    check_attributor(method)

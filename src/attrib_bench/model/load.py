@@ -108,6 +108,11 @@ class LoadedModel:
         """
         return adapter_for(self.model, self.architectures)
 
+    def target_logits(self, logits: torch.Tensor, positions_B: torch.Tensor) -> torch.Tensor:
+        """:func:`target_logits` of this model: for code below ``model`` in the layers (the
+        toolkit), which reads a model through the object it is given."""
+        return target_logits(self, logits, positions_B)
+
     def unmet_needs(self, attributor: Any) -> str | None:
         """Why ``attributor`` cannot run on this model family (one line), or None.
 

@@ -245,7 +245,7 @@ def check_evaluator(
     attributor: Any = None,
     families: Sequence[str] = FAMILIES,
     seed: int = 0,
-    batch_independent: bool = True,
+    batch_independent: bool | None = None,
     fields: Mapping[str, TraceField] | None = None,
 ) -> EvaluatorReport:
     """Score ``attributor``'s attributions (default LayerNormInputs: L layers, both kinds) with
@@ -255,8 +255,9 @@ def check_evaluator(
     Checks: ``name``, ``description``, ``needs_reference`` (and ``aggregate`` with ``parts``);
     the scores of a batch pass the runner's own check (run.check_scores) and are finite or NaN;
     an attribution that is zero everywhere (constant rows) is scored, NaN allowed, without
-    raising; two calls with ``seed`` give identical scores; unless not ``batch_independent``,
-    each example scored alone gets the score it gets in the batch of all. The examples carry
+    raising; two calls with ``seed`` give identical scores; unless not ``batch_independent``
+    (default: the evaluator's own ``batch_independent`` attribute, else True), each example
+    scored alone gets the score it gets in the batch of all. The examples carry
     labels and word rationales; ``context.attributor`` is ``attributor``. Traces capture the
     fields check_attributor's do (``fields``: see there), and a family ``attributor``'s
     ``needs`` rule out is skipped (``report.skipped``).
@@ -266,11 +267,16 @@ def check_evaluator(
     method = LayerNormInputs() if attributor is None else attributor
     known, problems = _trace_fields(fields)
     _raise(obj, [("", message) for message in problems + _evaluator_interface(obj)])
+    # None: what the evaluator declares (``batch_independent = False``: its score thresholds
+    # the attribution, so the float noise of re-attributing an example alone may move it).
+    independent = (
+        getattr(obj, "batch_independent", True) if batch_independent is None else batch_independent
+    )
     runnable, problems, skipped = _runnable(method, families, f"the attributor {method.name!r}")
     shapes = _per_family(
         runnable,
         problems,
-        lambda model: _evaluator_problems(obj, method, model, seed, batch_independent, known),
+        lambda model: _evaluator_problems(obj, method, model, seed, independent, known),
     )
     _raise(obj, problems)
     return EvaluatorReport(obj.name, shapes, skipped)

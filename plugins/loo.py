@@ -1,0 +1,154 @@
+"""Leave-one-out agreement (ferret's ``taucorr_loo``): does a method rank tokens as their
+removal does?
+
+Definition (ferret 0.4.2, ``TauLOO_Evaluation``), with f(.) what the run's target explains
+(p(y | .) of the target class y, or the contrastive score: see
+``attrib_bench.toolkit.erasure.explained``):
+
+- the leave-one-out score of candidate token j: loo_j = f(x) - f(x without token j), the drop
+  of f (ferret: ``(p(x \\ j) - p(x)) * -1``);
+- per example, loo-tau = Kendall's tau-b (``scipy.stats.kendalltau``, ferret's call) between
+  the method's scores and loo over the example's candidates. Higher is better, in [-1, 1].
+
+Conventions, stated because results depend on them:
+
+- Candidates: the real tokens except special tokens, as the erasure evaluators take them
+  (ferret drops the first and the last token, which is the same set for a single sentence; in
+  a sentence pair ferret keeps the middle [SEP], this harness does not).
+- Removal (``removal=``, faithfulness's choices): ``delete`` by default, ferret's (it deletes
+  the token id, decodes the rest and re-tokenises the text; here the token is dropped from the
+  ids and the sequence re-packed, without the decode round trip, which changes the input only
+  where a deleted word piece lets its neighbours merge). ``mask``, ``pad`` and ``zero`` replace
+  the token in place.
+- Which row: the method's last aggregated row unless ``layer=l`` (1-based), as faithfulness's.
+- Cost: one model call per candidate token and example, computed once per batch (the memo on
+  the trace) and shared by every method scored on it; the erased predictions also go into
+  faithfulness's per-batch cache, so an erasure evaluator removing the same single token
+  (comprehensiveness at 10% of a short sentence) reuses them, and the reverse.
+- NaN: an example with fewer than two candidates, a non-finite score, or constant scores or
+  constant LOO scores (tau-b is undefined there).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import attrib_bench
+from attrib_bench import Attribution, Configurable, EvalContext, Trace, UsageError
+from attrib_bench.toolkit.erasure import (
+    CACHE_KEY,
+    REMOVALS,
+    candidates,
+    explained,
+    forward_erased,
+    resolve_removal,
+)
+from attrib_bench.toolkit.ranking import scored_row
+
+
+def loo_drops(trace: Trace, removal: str, chunk_tokens: int) -> np.ndarray:
+    """f(x) - f(x without token j) for every candidate j, (B, N) float64, NaN elsewhere.
+
+    Each single-token erasure is looked up in, and added to, faithfulness's cache (same keys:
+    removal, example, erased tokens), so no erasure of the batch is run twice.
+    """
+    candidates_BN = candidates(trace)
+    N = candidates_BN.shape[1]
+    cache = trace.shared.setdefault(CACHE_KEY, {})
+    keys = {}  # (example, token) -> faithfulness's cache key of erasing that token alone
+    for b, j in zip(*np.nonzero(candidates_BN), strict=True):
+        erase_N = np.zeros(N, dtype=bool)
+        erase_N[j] = True
+        keys[int(b), int(j)] = (removal, int(b), erase_N.tobytes())
+    todo = {key: where for where, key in keys.items() if key not in cache}
+    if todo:
+        _run_single_erasures(trace, removal, chunk_tokens, todo, cache)
+    original_BC = torch.log_softmax(trace.logits_BC.double(), dim=-1).cpu().numpy()
+    erased_NBC = np.repeat(original_BC[None], N, axis=0)  # (token left out, example, class)
+    for (b, j), key in keys.items():
+        erased_NBC[j, b] = cache[key]
+    drops_BN = (explained(trace, original_BC[None]) - explained(trace, erased_NBC)).T
+    drops_BN[~candidates_BN] = np.nan
+    return drops_BN
+
+
+def _run_single_erasures(
+    trace: Trace, removal: str, chunk_tokens: int, variants: dict, cache: dict
+) -> None:
+    """Run the (example, token) erasures in ``variants`` as passes of at most ``chunk_tokens``
+    tokens, storing each variant's log-probabilities under its key."""
+    from attrib_bench.model.load import target_logits  # transformers: not at `list` time
+
+    batch = trace.batch
+    inputs = batch.model_inputs()
+    positions_BN = trace.loaded.position_ids(batch.input_ids_BN)
+    if positions_BN is not None:
+        inputs["position_ids"] = positions_BN
+    N = batch.input_ids_BN.shape[1]
+    device = batch.input_ids_BN.device
+    items = list(variants.items())
+    step = max(1, chunk_tokens // N)
+    for start in range(0, len(items), step):
+        chunk = items[start : start + step]
+        examples = torch.tensor([b for _, (b, _) in chunk], device=device)
+        tokens = torch.tensor([j for _, (_, j) in chunk], device=device)
+        erase_VN = torch.zeros(len(chunk), N, dtype=torch.bool, device=device)
+        erase_VN[torch.arange(len(chunk), device=device), tokens] = True
+        variant_inputs = {name: t[examples] for name, t in inputs.items()}
+        positions_V = trace.target_positions_B[examples]
+        log_probs = forward_erased(
+            trace, variant_inputs, erase_VN, removal, positions_V, target_logits
+        )
+        for (key, _), values in zip(chunk, log_probs.cpu().numpy(), strict=True):
+            cache[key] = values
+
+
+def kendall_tau_b(scores: np.ndarray, loo: np.ndarray) -> float:
+    """Kendall's tau-b, NaN where it is undefined (under two values, or a constant side)."""
+    if len(scores) < 2 or np.ptp(scores) == 0 or np.ptp(loo) == 0:
+        return float("nan")
+    from scipy.stats import kendalltau  # here: `attrib-bench list` imports every plugin
+
+    return float(kendalltau(scores, loo, variant="b").statistic)
+
+
+class LooTau(Configurable):
+    name = "loo-tau"
+    description = (
+        "Kendall tau-b between the scores and leave-one-out drops of f (ferret's taucorr_loo); "
+        "one model call per token, shared by all methods"
+    )
+    needs_reference = False
+    higher_is_better = True
+    #: One model call per token and example: selected by name, like the erasure evaluators.
+    in_default_run = False
+    parameters = {"removal": "delete", "layer": -1, "chunk_tokens": 8192}
+    choices = {"removal": REMOVALS}
+
+    def validate(self) -> None:
+        if self.params["layer"] == 0 or self.params["layer"] < -1:
+            raise UsageError(f"{self.name}:layer must be -1 (last) or a layer number >= 1")
+        if self.params["chunk_tokens"] < 1:
+            raise UsageError(f"{self.name}:chunk_tokens must be >= 1")
+
+    def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
+        trace = context.trace
+        removal = resolve_removal(self.params["removal"], trace.loaded.tokenizer)
+        drops_BN = trace.memo(
+            f"loo.drops/{removal}",
+            lambda: loo_drops(trace, removal, self.params["chunk_tokens"]),
+        )
+        scores_BN = scored_row(attribution, self.params["layer"]).detach().double().cpu().numpy()
+        candidates_BN = candidates(trace)
+        per_example = np.full(len(scores_BN), np.nan)
+        for b, (scores_N, keep_N) in enumerate(zip(scores_BN, candidates_BN, strict=True)):
+            scores = scores_N[keep_N]
+            if np.isfinite(scores).all():
+                per_example[b] = kendall_tau_b(scores, drops_BN[b, keep_N])
+        return {"aggregated": per_example[None, :]}
+
+
+@attrib_bench.hookimpl
+def attrib_bench_evaluators() -> list:
+    return [LooTau()]

@@ -1,0 +1,187 @@
+"""Perturbation methods over tokens, through Captum: occlusion, Shapley value sampling,
+KernelSHAP and LIME.
+
+The features are the example's real tokens other than its special tokens ([CLS], [SEP], <s>,
+BOS: kept in every perturbed input and scored 0), one feature per token. A removed token is
+replaced by the ``baseline`` token: ``auto`` is [MASK] for a tokenizer that has one (the
+encoders), else [PAD]; ``mask``, ``pad``, ``unk`` name it. Every other input (attention mask,
+token types, position ids) is the real input's. The score is the run's target score, as in
+plugins/gradient.py (``explained_classes``). Each example is explained alone over its real tokens,
+with Captum's random draws seeded by (run seed + ``seed``, example id), so a result never depends
+on the batch; ``perturbations_per_eval`` perturbed inputs go through the model per forward pass.
+KernelSHAP and LIME fit scikit-learn models through Captum (linear regression; ridge, see Lime).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+import attrib_bench
+from attrib_bench import Attribution, Configurable, Trace, UsageError
+from attrib_bench.toolkit.captum_inputs import (
+    example_arguments,
+    example_seed,
+    explained_classes,
+    scored_forward,
+    seeded,
+)
+
+if TYPE_CHECKING:
+    from attrib_bench.model.load import LoadedModel
+
+
+def baseline_token(loaded: LoadedModel, choice: str) -> int:
+    """The token id a removed token becomes (see the module docstring)."""
+    tokenizer = loaded.tokenizer
+    if choice == "auto":
+        choice = "mask" if tokenizer.mask_token_id is not None else "pad"
+    token_id = getattr(tokenizer, f"{choice}_token_id")
+    if token_id is None:
+        raise UsageError(f"baseline={choice} needs a tokenizer with a {choice} token")
+    return token_id
+
+
+class _TokenPerturbation(Configurable, ABC):
+    requires = frozenset()
+    parameters = {"target": "run", "baseline": "auto", "seed": 0, "perturbations_per_eval": 64}
+    choices = {"target": ("run", "predicted", "gold"), "baseline": ("auto", "mask", "pad", "unk")}
+
+    def validate(self) -> None:
+        if self.params["perturbations_per_eval"] < 1:
+            raise UsageError(f"{self.name}:perturbations_per_eval must be >= 1")
+
+    @abstractmethod
+    def explain(self, forward: Any, content_1M: torch.Tensor, baseline: int, target: Any) -> Any:
+        """Captum's attribution of the content tokens (1, M)."""
+
+    def attribute(self, trace: Trace) -> Attribution:
+        loaded, batch = trace.loaded, trace.batch
+        classes_B, foils_B = explained_classes(trace, self.params["target"])
+        baseline = baseline_token(loaded, self.params["baseline"])
+        scores_BN = trace.logits_BC.new_zeros(batch.input_ids_BN.shape)
+        for row in range(batch.input_ids_BN.shape[0]):
+            ids_1N, arguments = example_arguments(trace, row, classes_B, foils_B)
+            real_N = batch.attention_mask_BN[row].bool()
+            content_N = ~batch.special_tokens_mask_BN[row, real_N].bool()
+            forward = _content_forward(loaded, ids_1N, content_N, arguments)
+            seed = example_seed(self.params["seed"], trace, row)
+            with seeded(seed, loaded.device), torch.no_grad():
+                values = self.explain(forward, ids_1N[:, content_N], baseline, arguments["target"])
+            real_scores = scores_BN[row, real_N]
+            real_scores[content_N] = values[0].to(scores_BN)
+            scores_BN[row, real_N] = real_scores
+        return Attribution(aggregated_BLN=scores_BN[:, None, :])
+
+
+def _content_forward(loaded: LoadedModel, ids_1N: torch.Tensor, content_N: torch.Tensor, arguments):
+    """The target score as a function of the content tokens (V, M): each row is put back into
+    the example's input between its special tokens; Captum's target (when set) picks the class."""
+    forward = scored_forward(loaded)
+    args = arguments["additional_forward_args"]
+
+    def from_content(content_VM: torch.Tensor) -> torch.Tensor:
+        rows = content_VM.shape[0]
+        ids_VN = ids_1N.expand(rows, -1).clone()
+        ids_VN[:, content_N] = content_VM
+        tiled = [None if a is None else a.expand(rows, *a.shape[1:]) for a in args]
+        return forward(ids_VN, *tiled)
+
+    return from_content
+
+
+class Occlusion(_TokenPerturbation):
+    """Leave-one-out: the target score's drop when one token becomes the baseline token
+    (Captum FeatureAblation, one feature per token; Captum's Occlusion with a window of one
+    token is the same computation)."""
+
+    name = "occlusion"
+    in_default_run = False  # 32x a forward pass on MiniLM (one pass per token, batched)
+    description = "Leave-one-out: score drop with each token set to [MASK] (Captum FeatureAblation)"
+
+    def explain(self, forward, content_1M, baseline, target):
+        from captum.attr import FeatureAblation
+
+        return FeatureAblation(forward).attribute(
+            content_1M,
+            baselines=baseline,
+            target=target,
+            perturbations_per_eval=self.params["perturbations_per_eval"],
+        )
+
+
+class ShapleyValueSampling(_TokenPerturbation):
+    """Captum ShapleyValueSampling: ``samples`` random token orderings (Castro et al. 2009)."""
+
+    name = "shapley-value-sampling"
+    description = "Shapley value sampling over tokens, [MASK] baseline (Captum; samples=25)"
+    in_default_run = False
+    parameters = {**_TokenPerturbation.parameters, "samples": 25}
+
+    def explain(self, forward, content_1M, baseline, target):
+        from captum.attr import ShapleyValueSampling as Captum
+
+        return Captum(forward).attribute(
+            content_1M,
+            baselines=baseline,
+            target=target,
+            n_samples=self.params["samples"],
+            perturbations_per_eval=self.params["perturbations_per_eval"],
+        )
+
+
+class KernelShap(_TokenPerturbation):
+    """Captum KernelShap: ``samples`` coalitions drawn under the Shapley kernel, fitted by
+    linear regression."""
+
+    name = "kernel-shap"
+    description = "KernelSHAP over tokens, [MASK] baseline (Captum; samples=200)"
+    in_default_run = False
+    parameters = {**_TokenPerturbation.parameters, "samples": 200}
+
+    def explain(self, forward, content_1M, baseline, target):
+        if content_1M.shape[1] == 1:  # the Shapley kernel is undefined for one feature, whose
+            return Occlusion.explain(self, forward, content_1M, baseline, target)  # value this is
+        from captum.attr import KernelShap as Captum
+
+        return Captum(forward).attribute(
+            content_1M,
+            baselines=baseline,
+            target=target,
+            n_samples=self.params["samples"],
+            perturbations_per_eval=self.params["perturbations_per_eval"],
+        )
+
+
+class Lime(_TokenPerturbation):
+    """Captum Lime: ``samples`` Bernoulli(0.5) token subsets weighted by Captum's exponential
+    cosine kernel (width 1), fitted by ridge regression (alpha 1: the official ``lime``
+    package's regressor); ``regression=lasso`` is Captum's default fit (Lasso, alpha 0.01),
+    which zeroes every token when the score moves by less than about 0.01."""
+
+    name = "lime"
+    description = "LIME over tokens, [MASK] baseline (Captum; samples=200)"
+    in_default_run = False
+    parameters = {**_TokenPerturbation.parameters, "samples": 200, "regression": "ridge"}
+    choices = {**_TokenPerturbation.choices, "regression": ("ridge", "lasso")}
+
+    def explain(self, forward, content_1M, baseline, target):
+        from captum._utils.models.linear_model import SkLearnLasso, SkLearnRidge
+        from captum.attr import Lime as Captum
+
+        ridge = self.params["regression"] == "ridge"
+        fit = SkLearnRidge(alpha=1.0) if ridge else SkLearnLasso(alpha=0.01)
+        return Captum(forward, interpretable_model=fit).attribute(
+            content_1M,
+            baselines=baseline,
+            target=target,
+            n_samples=self.params["samples"],
+            perturbations_per_eval=self.params["perturbations_per_eval"],
+        )
+
+
+@attrib_bench.hookimpl
+def attrib_bench_attributors() -> list:
+    return [Occlusion(), ShapleyValueSampling(), KernelShap(), Lime()]

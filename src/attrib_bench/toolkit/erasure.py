@@ -1,0 +1,128 @@
+"""Erasure shared by the erasure-based evaluators (faithfulness, leave-one-out, soft
+faithfulness) and the seeded random scores: which tokens may be erased, how an erased input is
+built and run, and the score f they compare before and after."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from attrib_bench.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from attrib_bench.model.trace import Trace
+
+REMOVALS = ("auto", "mask", "pad", "zero", "delete")
+
+#: Where erased predictions are kept within one batch's trace, shared by every evaluator here.
+CACHE_KEY = "faithfulness.erased_log_probabilities"
+
+
+def candidates(trace: Trace) -> np.ndarray:
+    """(B, N) True at the tokens evaluators may perturb: real tokens that are not special."""
+    batch = trace.batch
+    return (batch.attention_mask_BN.bool() & ~batch.special_tokens_mask_BN.bool()).cpu().numpy()
+
+
+def resolve_removal(removal: str, tokenizer) -> str:
+    """``auto``: ``mask`` with a tokenizer that has a mask token (the encoders), else ``delete``
+    (decoders have none): a causal LM reads the shortened prefix as text, where a pad (EOS)
+    token or a zero vector inside it is an input it never saw."""
+    has_mask = tokenizer.mask_token_id is not None
+    if removal == "auto":
+        return "mask" if has_mask else "delete"
+    if removal == "mask" and not has_mask:
+        raise UsageError(
+            "removal=mask needs a tokenizer with a mask token; use removal=auto, pad, zero "
+            "or delete"
+        )
+    return removal
+
+
+def erase(
+    inputs: dict[str, torch.Tensor], erase_VN: torch.Tensor, removal: str, tokenizer
+) -> dict[str, torch.Tensor]:
+    """Model inputs with the marked tokens erased (``zero`` is applied by a hook instead).
+
+    Replacements keep the other inputs, ``position_ids`` included; ``delete`` re-packs the
+    sequence and leaves its positions to the model. An input with every token deleted (a
+    decoder's has no special token to keep) is the empty context, which a language model reads
+    as its start token alone: BOS, or the pad token for a tokenizer without one.
+    """
+    ids = inputs["input_ids"]
+    if removal in ("mask", "pad"):
+        token_id = tokenizer.mask_token_id if removal == "mask" else tokenizer.pad_token_id
+        return {**inputs, "input_ids": torch.where(erase_VN, token_id, ids)}
+    if removal == "zero":
+        return inputs
+    kept_VN = inputs["attention_mask"].bool() & ~erase_VN
+    order = torch.sort((~kept_VN).to(torch.int32), dim=1, stable=True).indices  # kept first
+    length = max(1, int(kept_VN.sum(dim=1).max()))
+    kept = kept_VN.gather(1, order)[:, :length]
+    ids = torch.where(kept, ids.gather(1, order)[:, :length], tokenizer.pad_token_id)
+    empty_V = ~kept.any(dim=1)
+    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.pad_token_id
+    ids[empty_V, 0] = start
+    kept[empty_V, 0] = True
+    out = {"input_ids": ids, "attention_mask": kept.to(inputs["attention_mask"].dtype)}
+    if "token_type_ids" in inputs:
+        types = inputs["token_type_ids"].gather(1, order)[:, :length]
+        out["token_type_ids"] = torch.where(kept, types, 0)
+    return out
+
+
+def forward_erased(
+    trace: Trace,
+    inputs: dict,
+    erase_VN: torch.Tensor,
+    removal: str,
+    positions_V: torch.Tensor,
+    target_logits: Callable[..., torch.Tensor],
+) -> torch.Tensor:
+    """Log-probabilities of the erased variants, (V, C) in float64, a language model's at the
+    target position: ``positions_V`` (each variant's example's) where tokens stay in place, the
+    target token of the re-packed input for ``delete``.
+
+    ``target_logits`` is ``attrib_bench.model.load.target_logits``, passed in by the caller:
+    the toolkit sits below the model layer and may not import it.
+    """
+
+    handle = None
+    if removal == "zero":
+        keep_VN1 = (~erase_VN)[..., None]
+        handle = trace.loaded.embeddings.register_forward_hook(
+            lambda _module, _args, output: output * keep_VN1.to(output.dtype)
+        )
+    erased = erase(inputs, erase_VN, removal, trace.loaded.tokenizer)
+    if removal == "delete":
+        positions_V = trace.target.positions(erased["attention_mask"])
+    try:
+        with torch.no_grad():
+            logits = trace.model(**erased).logits
+    finally:
+        if handle is not None:
+            handle.remove()
+    logits = target_logits(trace.loaded, logits, positions_V)
+    return torch.log_softmax(logits.double(), dim=-1)
+
+
+def explained(trace: Trace, log_probs_RBC: np.ndarray) -> np.ndarray:
+    """f of each row, (R, B): p(y) of the target class, or for a contrastive target the score
+    log p(y) - log p(foil), which is logit(y) - logit(foil)."""
+    classes_B = trace.target_classes_B.cpu().numpy()
+    columns = np.arange(len(classes_B))
+    chosen_RB = log_probs_RBC[:, columns, classes_B]
+    foils = trace.target_foils_B
+    if foils is None:
+        return np.exp(chosen_RB)
+    return chosen_RB - log_probs_RBC[:, columns, foils.cpu().numpy()]
+
+
+def example_generator(seed: int, example_id: str) -> torch.Generator:
+    """A generator seeded by (seed, example id): the scores never depend on batch companions."""
+    digest = hashlib.sha256(f"{seed}:{example_id}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
