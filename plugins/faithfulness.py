@@ -62,7 +62,6 @@ from attrib_bench import Attribution, Configurable, EvalContext, Trace, UsageErr
 from attrib_bench.toolkit.erasure import (
     CACHE_KEY,
     REMOVALS,
-    erase,  # noqa: F401 - tests/test_faithfulness.py imports it from here
     explained,
     forward_erased,
     resolve_removal,

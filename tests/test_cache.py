@@ -279,6 +279,9 @@ def interrupt(args: list[str], how: signal.Signals, after: int) -> str:
     process = subprocess.Popen(
         [sys.executable, "-m", "attrib_bench", *args],
         env={**os.environ, "COUNT_SLEEP": "0.3"},
+        # A shell's background job inherits SIGINT ignored, and Python then never raises
+        # KeyboardInterrupt: give the run Ctrl-C's default, whoever started the suite.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

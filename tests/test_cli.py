@@ -79,7 +79,8 @@ def test_list_json_schema_and_builtin_sources(run_cli):
     assert set(listing) == {"attributors", "evaluators", "architectures"}
     for kind in ("attributors", "evaluators"):
         for entry in listing[kind]:
-            assert set(entry) == {"name", "description", "parameters", "default_run", "plugin"}
+            keys = {"name", "description", "parameters", "default_run", "compares_models", "plugin"}
+            assert set(entry) == keys
             assert entry["description"].strip()
         names = [entry["name"] for entry in listing[kind]]
         assert names == sorted(names)
@@ -100,6 +101,9 @@ def test_list_json_schema_and_builtin_sources(run_cli):
         "choices": ["frobenius", "sum"],
     }
     assert attributors["attention"]["default_run"] and not attributors["hta"]["default_run"]
+    evaluators = {e["name"]: e for e in listing["evaluators"]}
+    assert evaluators["seed-invariance"]["compares_models"]
+    assert not evaluators["spearman"]["compares_models"]
 
 
 # ----------------------------------------------------------------------------------------- run

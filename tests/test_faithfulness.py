@@ -15,6 +15,7 @@ from attrib_bench.core.interfaces import Batch, Example
 from attrib_bench.core.target import Target
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import Trace, trace_batch
+from attrib_bench.toolkit.erasure import erase
 from attrib_bench.toolkit.ranking import erasure_mask, ratio_k, top_k_mask
 from attrib_bench_plugins.faithfulness import (
     Comprehensiveness,
@@ -24,7 +25,6 @@ from attrib_bench_plugins.faithfulness import (
     MaskedAccuracy,
     Sufficiency,
     curve_area,
-    erase,
     log_odds,
 )
 from attrib_bench_plugins.gradient import Saliency

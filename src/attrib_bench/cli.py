@@ -293,6 +293,7 @@ def _architectures(registry: Registry) -> list[dict]:
 def _list(args: argparse.Namespace, out: Console) -> int:
     from rich.table import Table
 
+    from attrib_bench.core.interfaces import compares_models
     from attrib_bench.core.registry import load_registry
 
     registry = load_registry(args.plugin)
@@ -303,6 +304,8 @@ def _list(args: argparse.Namespace, out: Console) -> int:
                 "description": reg.obj.description,
                 "parameters": _parameters(reg.obj),
                 "default_run": bool(getattr(reg.obj, "in_default_run", True)),
+                # A ModelEvaluator: scored in runs over several models (--models) only.
+                "compares_models": compares_models(reg.obj),
                 "plugin": reg.source,
             }
             for name, reg in sorted(table.items())
@@ -331,7 +334,9 @@ def _list(args: argparse.Namespace, out: Console) -> int:
                 row["name"],
                 row["description"],
                 escape(_parameters_text(row["parameters"])),
-                "yes" if row["default_run"] else "no",
+                ("--models runs" if row["compares_models"] else "yes")
+                if row["default_run"]
+                else "no",
                 row["plugin"],
             )
         out.print(table)
