@@ -92,6 +92,17 @@ def _content_forward(loaded: LoadedModel, ids_1N: torch.Tensor, content_N: torch
     return from_content
 
 
+def _sampled_attribute(params: dict, explainer, content_1M, baseline, target):
+    """Captum's ``attribute`` of a sampling method: ``samples`` draws, batched evaluations."""
+    return explainer.attribute(
+        content_1M,
+        baselines=baseline,
+        target=target,
+        n_samples=params["samples"],
+        perturbations_per_eval=params["perturbations_per_eval"],
+    )
+
+
 class Occlusion(_TokenPerturbation):
     """Leave-one-out: the target score's drop when one token becomes the baseline token
     (Captum FeatureAblation, one feature per token; Captum's Occlusion with a window of one
@@ -123,13 +134,7 @@ class ShapleyValueSampling(_TokenPerturbation):
     def explain(self, forward, content_1M, baseline, target):
         from captum.attr import ShapleyValueSampling as Captum
 
-        return Captum(forward).attribute(
-            content_1M,
-            baselines=baseline,
-            target=target,
-            n_samples=self.params["samples"],
-            perturbations_per_eval=self.params["perturbations_per_eval"],
-        )
+        return _sampled_attribute(self.params, Captum(forward), content_1M, baseline, target)
 
 
 class KernelShap(_TokenPerturbation):
@@ -146,13 +151,7 @@ class KernelShap(_TokenPerturbation):
             return Occlusion.explain(self, forward, content_1M, baseline, target)  # value this is
         from captum.attr import KernelShap as Captum
 
-        return Captum(forward).attribute(
-            content_1M,
-            baselines=baseline,
-            target=target,
-            n_samples=self.params["samples"],
-            perturbations_per_eval=self.params["perturbations_per_eval"],
-        )
+        return _sampled_attribute(self.params, Captum(forward), content_1M, baseline, target)
 
 
 class Lime(_TokenPerturbation):
@@ -173,12 +172,8 @@ class Lime(_TokenPerturbation):
 
         ridge = self.params["regression"] == "ridge"
         fit = SkLearnRidge(alpha=1.0) if ridge else SkLearnLasso(alpha=0.01)
-        return Captum(forward, interpretable_model=fit).attribute(
-            content_1M,
-            baselines=baseline,
-            target=target,
-            n_samples=self.params["samples"],
-            perturbations_per_eval=self.params["perturbations_per_eval"],
+        return _sampled_attribute(
+            self.params, Captum(forward, interpretable_model=fit), content_1M, baseline, target
         )
 
 
