@@ -48,17 +48,27 @@ Conventions, stated because results depend on them:
   removes, so another bin, evaluator or method erasing the same tokens of an example costs no
   model call, and an erasure that removes nothing reuses the original prediction.
 - An example with no candidate token or a non-finite score is unscoreable (NaN).
+- ``removal=retokenize``: ferret's deletion, the kept tokens decoded and tokenised again
+  (``attrib_bench.toolkit.erasure.retokenized``).
+
+ferret 0.4.2's protocol (``AOPC_Comprehensiveness_Evaluation``, ``AOPC_Sufficiency_Evaluation``
+and ``AOPC_Comprehensiveness_Evaluation_by_class`` in ferret's evaluators/, default arguments)
+is ``protocol=ferret`` on comprehensiveness and sufficiency: see ``AOPC``. The default,
+``protocol=attrib-bench``, is the conventions above.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, EvalContext, Trace, UsageError
+from attrib_bench.model.trace import trace_batch
 from attrib_bench.toolkit.erasure import (
     CACHE_KEY,
     REMOVALS,
@@ -66,7 +76,7 @@ from attrib_bench.toolkit.erasure import (
     forward_erased,
     resolve_removal,
 )
-from attrib_bench.toolkit.ranking import erasure_mask, scored_row
+from attrib_bench.toolkit.ranking import ROUNDINGS, rationale_mask, scored_row
 
 AOPC_RATIOS = "0.1/0.2/0.3/0.4/0.5/0.6/0.7/0.8/0.9"
 CURVE_RATIOS = "0/0.1/0.2/0.3/0.4/0.5/0.6/0.7/0.8/0.9/1"
@@ -101,11 +111,12 @@ class Erasure(Configurable, ABC):
         if self.params["chunk_tokens"] < 1:
             raise UsageError(f"{self.name}:chunk_tokens must be >= 1")
 
-    def erased(self, attribution: Attribution, context: EvalContext) -> np.ndarray:
-        """Log-probabilities after erasure at every ratio: (R, B, C), NaN for unscoreable rows."""
-        trace, batch = context.trace, context.trace.batch
-        ratios = parse_ratios(self.params["ratios"])
-        removal = resolve_removal(self.params["removal"], trace.loaded.tokenizer)
+    def rationales(
+        self, attribution: Attribution, context: EvalContext
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per ratio the rationale (the top k, or with ``rationale=positive`` those of them that
+        score above 0), (R, B, N); the candidates, (B, N); which examples are scoreable, (B,)."""
+        batch = context.trace.batch
         scores_BN = scored_row(attribution, self.params["layer"]).detach().double().cpu().numpy()
         candidates_BN = (
             (batch.attention_mask_BN.bool() & ~batch.special_tokens_mask_BN.bool()).cpu().numpy()
@@ -113,12 +124,37 @@ class Erasure(Configurable, ABC):
         scoreable_B = candidates_BN.any(axis=1) & np.where(
             candidates_BN, np.isfinite(scores_BN), True
         ).all(axis=1)
-        erase_RBN = np.stack([erasure_mask(scores_BN, candidates_BN, r, self.mode) for r in ratios])
+        rounding = self.params.get("rounding", "ceil")
+        positive = self.params.get("rationale", "top-k") == "positive"
+        rationale_RBN = np.stack(
+            [
+                rationale_mask(scores_BN, candidates_BN, r, rounding, positive)
+                for r in parse_ratios(self.params["ratios"])
+            ]
+        )
+        return rationale_RBN, candidates_BN, scoreable_B
+
+    def erased(
+        self,
+        attribution: Attribution,
+        context: EvalContext,
+        evaluated_RB: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Log-probabilities after erasure at every ratio: (R, B, C), NaN for unscoreable rows
+        and for the steps ``evaluated_RB`` leaves out (never run; default: none)."""
+        trace = context.trace
+        removal = resolve_removal(self.params["removal"], trace.loaded.tokenizer)
+        rationale_RBN, candidates_BN, scoreable_B = self.rationales(attribution, context)
+        erase_RBN = rationale_RBN if self.mode == "remove" else candidates_BN & ~rationale_RBN
+        if evaluated_RB is None:
+            evaluated_RB = np.ones(erase_RBN.shape[:2], dtype=bool)
+        # An erasure of nothing is the input itself, except after a decode round trip.
+        run_RB = evaluated_RB & (erase_RBN.any(axis=-1) | (removal == "retokenize"))
         # Keyed by what is erased, so that bins, evaluators and methods that erase the same
         # tokens of an example share one model call.
         keys = {
             (r, b): (removal, b, erase_RBN[r, b].tobytes())
-            for r, b in zip(*np.nonzero(erase_RBN.any(axis=-1)), strict=True)
+            for r, b in zip(*np.nonzero(run_RB & scoreable_B[None]), strict=True)
         }
         cache = trace.shared.setdefault(CACHE_KEY, {})
         todo = {key: where for where, key in keys.items() if key not in cache}
@@ -126,12 +162,13 @@ class Erasure(Configurable, ABC):
             self._run(trace, removal, erase_RBN, todo, cache)
         out_RBC = np.repeat(
             torch.log_softmax(trace.logits_BC.double(), dim=-1).cpu().numpy()[None],
-            len(ratios),
+            len(erase_RBN),
             axis=0,
         )
         for (r, b), key in keys.items():
             out_RBC[r, b] = cache[key]
         out_RBC[:, ~scoreable_B] = np.nan
+        out_RBC[~evaluated_RB] = np.nan
         return out_RBC
 
     def _run(
@@ -155,18 +192,25 @@ class Erasure(Configurable, ABC):
             variant_inputs = {name: t[example_index] for name, t in inputs.items()}
             erase_VN = erase_RBN[ratio_index, example_index]
             positions_V = trace.target_positions_B[example_index]
+            special_VN = batch.special_tokens_mask_BN[example_index]
             log_probs = forward_erased(
-                trace, variant_inputs, erase_VN, removal, positions_V, target_logits
+                trace, variant_inputs, erase_VN, removal, positions_V, target_logits, special_VN
             )
             for (key, _), values in zip(chunk, log_probs.cpu().numpy(), strict=True):
                 cache[key] = values
 
+    def evaluated(self, rationale_RBN: np.ndarray) -> np.ndarray:
+        """(R, B) True at the steps that count: every step here (see ``AOPC``)."""
+        return np.ones(rationale_RBN.shape[:2], dtype=bool)
+
     def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
-        erased_RBC = self.erased(attribution, context)
+        rationale_RBN, _, scoreable_B = self.rationales(attribution, context)
+        erased_RBC = self.erased(attribution, context, self.evaluated(rationale_RBN))
         original_BC = torch.log_softmax(context.trace.logits_BC.double(), dim=-1).cpu().numpy()
         before_B = explained(context.trace, original_BC[None])[0]
         after_RB = explained(context.trace, erased_RBC)
         per_example = self.reduce(before_B, after_RB, erased_RBC, context)
+        per_example[~scoreable_B] = np.nan
         return {"aggregated": per_example[None, :]}
 
     @abstractmethod
@@ -181,25 +225,137 @@ class Erasure(Configurable, ABC):
         the log-probabilities after erasure (R, B, C)."""
 
 
-class Comprehensiveness(Erasure):
+#: ``protocol=``: this harness's AOPC (the ERASER/DecompX conventions above), or ferret 0.4.2's.
+PROTOCOLS = ("attrib-bench", "ferret")
+#: ferret 0.4.2's thresholds, ``np.arange(0.1, 1.1, 0.1)`` at full precision: with int(r * n),
+#: 0.7000000000000001 * 90 gives 63 tokens where 0.7 * 90 gives 62.
+FERRET_RATIOS = "0.1/0.2/0.30000000000000004/0.4/0.5/0.6/0.7000000000000001/0.8/0.9/1.0"
+#: What ``protocol=ferret`` sets (``AOPC_*_Evaluation`` with ferret's default arguments); a
+#: parameter given beside it wins.
+FERRET_PROTOCOL = {
+    "ratios": FERRET_RATIOS,
+    "removal": "retokenize",
+    "rationale": "positive",
+    "rounding": "floor",
+    "repeats": "skip",
+    "empty": "skip",
+}
+
+
+class AOPC(Erasure):
+    """Comprehensiveness and sufficiency, with ferret's protocol as switches (``protocol=ferret``
+    sets them all): ``rationale=positive`` (only positive scores), ``rounding=floor``
+    (k = int(ratio * n)), ``repeats=skip`` (a step whose rationale equals the last evaluated
+    one is not evaluated again, nor counted), ``empty=skip`` (nor is a step with an empty
+    rationale; an example left with no step scores ``no_step``: ferret's 0 and 1), and
+    ``removal=retokenize`` (the kept tokens decoded and tokenised again)."""
+
+    parameters = {
+        **Erasure.parameters,
+        "protocol": "attrib-bench",
+        "rationale": "top-k",
+        "rounding": "ceil",
+        "repeats": "keep",
+        "empty": "score",
+    }
+    choices = {
+        **Erasure.choices,
+        "protocol": PROTOCOLS,
+        "rationale": ("top-k", "positive"),
+        "rounding": ROUNDINGS,
+        "repeats": ("keep", "skip"),
+        "empty": ("score", "skip"),
+    }
+    #: The score of an example none of whose steps is evaluated (ferret's constant).
+    no_step: float
+
+    def configure(self, raw):
+        if raw.get("protocol") == "ferret":
+            raw = {**FERRET_PROTOCOL, **raw}
+        return super().configure(raw)
+
+    def evaluated(self, rationale_RBN: np.ndarray) -> np.ndarray:
+        """(R, B) True at the steps that count: all, unless ``empty=skip`` or ``repeats=skip``
+        leave out the empty rationales and those equal to the last step evaluated (ferret)."""
+        skip_empty, skip_repeats = self.params["empty"] == "skip", self.params["repeats"] == "skip"
+        evaluated_RB = np.ones(rationale_RBN.shape[:2], dtype=bool)
+        for b in range(rationale_RBN.shape[1]):
+            last = None
+            for r, chosen_N in enumerate(rationale_RBN[:, b]):
+                if (skip_empty and not chosen_N.any()) or (
+                    skip_repeats and last is not None and (chosen_N == last).all()
+                ):
+                    evaluated_RB[r, b] = False
+                    continue
+                last = chosen_N
+        return evaluated_RB
+
+    def reduce(self, original_B, erased_RB, erased_RBC, context):
+        evaluated_RB = ~np.isnan(erased_RB)  # the steps left out are NaN (``erased``)
+        counts_B = evaluated_RB.sum(axis=0)
+        sums_B = np.where(evaluated_RB, original_B[None, :] - erased_RB, 0.0).sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(counts_B > 0, sums_B / counts_B, self.no_step)
+
+
+class Comprehensiveness(AOPC):
+    """``classes=all``: ferret's class-based AOPC (``aopc_class_compr``), the mean over every
+    class c of the comprehensiveness of p(c) for the method re-run with c as its target."""
+
     name = "comprehensiveness"
     description = (
         "AOPC comprehensiveness: f(x) - f(x without top-k%), k in ratios (ERASER); "
-        "f: p(y), or the contrastive score"
+        "f: p(y), or the contrastive score; protocol=ferret: ferret 0.4.2's; "
+        "classes=all: the mean over classes (ferret's class-based AOPC)"
     )
+    no_step = 0.0
+    parameters = {**AOPC.parameters, "classes": "target"}
+    choices = {**AOPC.choices, "classes": ("target", "all")}
 
-    def reduce(self, original_B, erased_RB, erased_RBC, context):
-        return (original_B - erased_RB).mean(axis=0)
+    def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
+        if self.params["classes"] == "target":
+            return super().score(attribution, context)
+        score = super().score
+        per_class = [score(a, c)["aggregated"] for a, c in self.each_class(context)]
+        return {"aggregated": np.mean(per_class, axis=0)}
+
+    def each_class(self, context: EvalContext) -> Iterator[tuple[Attribution, EvalContext]]:
+        """For every class c, the method re-run on the batch traced with target ``score=gold``
+        and every label c, and the context that scores p(c); erasures are shared (they are
+        cached by the tokens erased, whatever the class)."""
+        trace = context.trace
+        if trace.target.score == "contrastive" or trace.loaded.is_language_model:
+            raise UsageError(
+                f"{self.name}:classes=all explains each class of a classifier in turn, not a "
+                "contrastive score or a language model's vocabulary"
+            )
+        if context.attributor is None:
+            raise ValueError("classes=all needs the attributor to re-run it")
+        target = dataclasses.replace(trace.target, score="gold")
+        for c in range(trace.logits_BC.shape[-1]):
+            examples = [dataclasses.replace(e, label=c) for e in trace.batch.examples]
+            batch = dataclasses.replace(trace.batch, examples=examples)
+            traced = trace_batch(
+                trace.loaded,
+                batch,
+                context.attributor.requires,
+                trace.seed,
+                fields=trace.field_specs,
+                target=target,
+            )
+            traced.shared[CACHE_KEY] = trace.shared.setdefault(CACHE_KEY, {})
+            yield context.attributor.attribute(traced), dataclasses.replace(context, trace=traced)
 
 
-class Sufficiency(Erasure):
+class Sufficiency(AOPC):
     name = "sufficiency"
-    description = "AOPC sufficiency: f(x) - f(top-k% only), k in ratios; lower is better"
+    description = (
+        "AOPC sufficiency: f(x) - f(top-k% only), k in ratios; lower is better; "
+        "protocol=ferret: ferret 0.4.2's"
+    )
     higher_is_better = False
     mode = "keep"
-
-    def reduce(self, original_B, erased_RB, erased_RBC, context):
-        return (original_B - erased_RB).mean(axis=0)
+    no_step = 1.0
 
 
 def curve_area(values_RB: np.ndarray, ratios: tuple[float, ...]) -> np.ndarray:

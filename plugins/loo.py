@@ -18,8 +18,8 @@ Conventions, stated because results depend on them:
 - Removal (``removal=``, faithfulness's choices): ``delete`` by default, ferret's (it deletes
   the token id, decodes the rest and re-tokenises the text; here the token is dropped from the
   ids and the sequence re-packed, without the decode round trip, which changes the input only
-  where a deleted word piece lets its neighbours merge). ``mask``, ``pad`` and ``zero`` replace
-  the token in place.
+  where a deleted word piece lets its neighbours merge; ``removal=retokenize`` makes the round
+  trip, as ferret). ``mask``, ``pad`` and ``zero`` replace the token in place.
 - Which row: the method's last aggregated row unless ``layer=l`` (1-based), as faithfulness's.
 - Cost: one model call per candidate token and example, computed once per batch (the memo on
   the trace) and shared by every method scored on it; the erased predictions also go into
@@ -97,8 +97,9 @@ def _run_single_erasures(
         erase_VN[torch.arange(len(chunk), device=device), tokens] = True
         variant_inputs = {name: t[examples] for name, t in inputs.items()}
         positions_V = trace.target_positions_B[examples]
+        special_VN = batch.special_tokens_mask_BN[examples]
         log_probs = forward_erased(
-            trace, variant_inputs, erase_VN, removal, positions_V, target_logits
+            trace, variant_inputs, erase_VN, removal, positions_V, target_logits, special_VN
         )
         for (key, _), values in zip(chunk, log_probs.cpu().numpy(), strict=True):
             cache[key] = values

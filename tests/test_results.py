@@ -72,6 +72,8 @@ def test_runs_over_disjoint_halves_merge_into_the_run_over_both(runs):
         assert merged.methods[spec].evaluators == method.evaluators
     assert merged.provenance["dataset"]["examples"] == 6
     assert [p["examples"] for p in merged.extra["merged_from"]] == [3, 3]
+    assert merged.paired == whole.paired  # recomputed over all examples, not dropped
+    assert merged.agreement is None  # needs the attributions, which results do not hold
     validate(merged.to_document(), "merged")
 
 

@@ -153,7 +153,9 @@ def test_plugin_fields_are_what_a_manual_hook_sees(loaded_bert):
     by_hand = manual(model, selves, "output", inputs)
     for mine, theirs in zip(trace.need("self_attention"), by_hand, strict=True):
         assert isinstance(mine, tuple) and torch.equal(mine[0], theirs[0])
-    assert set(trace.plugin_fields) == {"ffn_activations", "classifier_input", "self_attention"}
+    # Every plugin field asked for, the built-in plugins' (decompx's) among them.
+    assert set(trace.plugin_fields) == set(fields) - TRACE_FIELDS
+    assert {"ffn_activations", "classifier_input", "self_attention"} <= set(trace.plugin_fields)
     assert trace.values == () and trace.hidden_states == ()  # built-ins only when required
     # What an evaluator that traces again (a randomised copy) passes on.
     again = trace_batch(loaded_bert, batch, {"ffn_activations"}, fields=trace.field_specs)

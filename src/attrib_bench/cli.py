@@ -134,6 +134,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output", type=Path, help="write the result JSON here")
     run.add_argument("--config", type=Path, help="TOML benchmark config; flags given override it")
     run.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    run.add_argument(
+        "--agreement-k",
+        type=int,
+        help="k of the agreement between methods at top k (default: 5; 0: not computed)",
+    )
+    run.add_argument(
+        "--no-floor",
+        dest="floor",
+        action="store_false",
+        default=None,
+        help="leave out the `random` floor row that joins every leaderboard when not selected",
+    )
 
     check = commands.add_parser("check", help="fail (exit 1) when scores fell below a baseline")
     check.add_argument("results", type=Path, help="result JSON of this run")

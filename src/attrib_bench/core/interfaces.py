@@ -150,7 +150,10 @@ class Attributor(Protocol):
     "values", "pre_layernorm") and any field a plugin registers with the
     ``attrib_bench_trace_fields`` hook (a TraceField, read with ``trace.need(name)``); the runner
     captures their union in one forward pass per batch. A costly method may set
-    ``in_default_run = False``: it then runs only when selected by name.
+    ``in_default_run = False``: it then runs only when selected by name. A method that can
+    explain only some target positions (a classification head reads the first token) sets
+    ``target_positions`` (default: ``("first", "last")``); under another position the runner
+    fails it with one line before any batch, and the conformance kit skips that target.
     """
 
     name: str
@@ -224,3 +227,14 @@ class ModelEvaluator(Protocol):
 def compares_models(evaluator: Any) -> bool:
     """True for a :class:`ModelEvaluator` (it scores across models, not one attribution)."""
     return callable(getattr(evaluator, "score_models", None))
+
+
+def position_problem(attributor: Any, position: str) -> str | None:
+    """Why ``attributor`` cannot explain the resolved target ``position``, or None."""
+    positions = getattr(attributor, "target_positions", ("first", "last"))
+    if position in positions:
+        return None
+    return (
+        f"{attributor.name} explains only --target position={'|'.join(positions)}, "
+        f"not position={position}"
+    )

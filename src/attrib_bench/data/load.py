@@ -219,7 +219,11 @@ def load_examples(
                     label=gold if gold is not None and gold >= 0 else None,
                 )
             )
-        key = json.dumps([dataset._fingerprint, chosen, text, pair, label, limit])
+        # The rows themselves, not datasets' own fingerprint: that one hashes a local file's
+        # modification time, so a copied or re-extracted data folder (a new machine, a CI
+        # checkout) gave new cache keys, and a cached fine-tune was trained again.
+        rows_key = [(e.id, e.text, e.text_pair, e.label) for e in examples]
+        key = json.dumps([rows_key, chosen, text, pair, label, limit])
         fingerprint = hashlib.sha256(key.encode()).hexdigest()
         data = LoadedData(examples, name, chosen, fingerprint, text, pair, label)
     if not data.examples:

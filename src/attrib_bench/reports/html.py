@@ -23,7 +23,9 @@ from attrib_bench.reports.leaderboard import (
     finite,
     heading,
     leaderboard_rows,
+    next_row_differences,
     ok_evaluators,
+    paired_caption,
     ranked,
     scored_kinds,
 )
@@ -42,6 +44,7 @@ from attrib_bench.reports.similarity import (
     subtitle,
     value_text,
 )
+from attrib_bench.results.agreement import TITLES
 from attrib_bench.results.typed import Result, Results, as_result
 
 #: Diverging colours: positive scores red, negative blue (RGB).
@@ -124,6 +127,75 @@ def _leaderboard_html(result: Result, evaluator: str, kind: str) -> str:
         ]
         body.append(f"<tr{' class=failed' if failed else ''}>{''.join(cells)}</tr>")
     return f"<table>{head}{''.join(body)}</table>"
+
+
+def _next_rows_html(result: Result, evaluator: str, kind: str) -> str:
+    """Rank i against rank i + 1: the paired difference with its CI and p; empty without."""
+    rows = next_row_differences(result, evaluator, kind)
+    if not rows:
+        return ""
+    head = (
+        "<tr><th>#</th><th>method</th><th>next</th><th>difference</th><th>95% CI</th>"
+        "<th>p</th><th>n</th><th></th></tr>"
+    )
+    body = [
+        f'<tr><td class="num">{row["rank"]}</td><td><code>{_escape(row["spec"])}</code></td>'
+        f"<td><code>{_escape(row['next'])}</code></td>"
+        + "".join(f'<td class="num">{_escape(row[key])}</td>' for key in ("difference", "ci", "p"))
+        + f'<td class="num">{_escape(row["n"])}</td>'
+        + f"<td>{'' if row['ahead'] else 'not significantly ahead'}</td></tr>"
+        for row in rows
+    ]
+    return (
+        f'<p class="muted">{_escape(paired_caption(result, column=False))}.</p>'
+        f'<table class="paired">{head}{"".join(body)}</table>'
+    )
+
+
+def _agreement_html(result: Result) -> str:
+    """Per measure, a methods x methods table of the mean agreement (Krishna et al. 2022)."""
+    agreement = result.agreement
+    if agreement is None or len(agreement.methods) < 2:
+        return ""
+    methods = agreement.methods
+    parts = [
+        "<h2>Agreement between methods</h2>"
+        f'<p class="muted">Krishna et al. 2022, per example over the real tokens without special '
+        f"tokens (each method's last aggregated row), top k = {agreement.k} by |score| (capped at "
+        "the example's tokens), mean over the examples; hover a cell for its 95% CI and n. "
+        "Deeper colour: more agreement.</p>"
+    ]
+    head = "<tr><th></th>" + "".join(f"<th><code>{_escape(m)}</code></th>" for m in methods)
+    for measure in agreement.measures:
+        matrix = agreement.matrix(measure)
+        body = []
+        for i, row_method in enumerate(methods):
+            cells = []
+            for j, column_method in enumerate(methods):
+                value = matrix[i, j]
+                summary = agreement.summary(measure, row_method, column_method)
+                if not finite(value):
+                    cells.append('<td class="null">n/a</td>')
+                    continue
+                where = "the same method" if i == j else ""
+                if summary is not None:
+                    low, high = summary["ci95"]
+                    bounds = f"[{low:.3f}, {high:.3f}]" if finite(low) else "no CI"
+                    where = f"95% CI {bounds}, n = {summary['n']}"
+                alpha = 0.06 + 0.84 * min(1.0, max(0.0, value))
+                ink = "#fff" if alpha > 0.55 else "#1f2328"
+                cells.append(
+                    f'<td class="num" data-value="{float(value)!r}" title="{_escape(where)}" '
+                    f'style="background: rgba(31,119,180,{alpha:.3f}); color: {ink}">'
+                    f"{value:.3f}</td>"
+                )
+            body.append(f"<tr><th><code>{_escape(row_method)}</code></th>{''.join(cells)}</tr>")
+        parts.append(
+            f"<h3>{_escape(TITLES.get(measure, measure))}</h3>"
+            f'<table class="agreement" data-measure="{_escape(measure)}">{head}</tr>'
+            f"{''.join(body)}</table>"
+        )
+    return "".join(parts)
 
 
 def _heatmaps_html(
@@ -378,6 +450,7 @@ def render_html(
             sections.append(
                 f"<h2>Leaderboard: {_escape(heading(document, evaluator, kind))}</h2>"
                 + _leaderboard_html(document, evaluator, kind)
+                + _next_rows_html(document, evaluator, kind)
             )
     for name, state in document.evaluators.items():
         if state["status"] != "ok":
@@ -388,6 +461,9 @@ def render_html(
     across = _across_models_html(document.extra)
     if across:
         sections.append(across)
+    agreement = _agreement_html(document)
+    if agreement:
+        sections.append(agreement)
     for evaluator in [name for name in evaluators if scored_kinds(document, name)]:
         png = base64.b64encode(layer_plot(document, evaluator)).decode()
         sections.append(

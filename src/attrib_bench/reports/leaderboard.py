@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,62 @@ def leaderboard_rows(document: Results, evaluator: str, kind: str) -> list[dict]
     return rows
 
 
+#: The marker on a leaderboard row whose next row is not significantly worse.
+NOT_AHEAD = "≈"
+
+
+def next_row_differences(document: Results, evaluator: str, kind: str) -> list[dict]:
+    """Rank i against rank i + 1 (methods with a last-layer score, in ``ranked`` order): the
+    paired difference of their per-example scores (``Result.paired``: mean, 95% CI, p, n), and
+    ``ahead``: False when the next row is not significantly worse (p >= the section's alpha, or
+    no p); empty without a ``paired`` section for this evaluator and kind."""
+    result = as_result(document)
+    paired = result.paired
+    if paired is None or kind not in paired.comparisons.get(evaluator, {}):
+        return []
+    order = [
+        spec
+        for spec in ranked(result, evaluator, kind)
+        if finite(_goodness(result.methods[spec], evaluator, kind, 1.0))
+    ]
+    rows = []
+    for rank, (spec, following) in enumerate(pairwise(order), 1):
+        comparison = paired.comparison(evaluator, kind, spec, following)
+        if comparison is None:
+            continue
+        low, high = comparison.ci95
+        rows.append(
+            {
+                "rank": rank,
+                "spec": spec,
+                "next": following,
+                "difference": signed(comparison.mean),
+                "ci": f"[{low:+.3f}, {high:+.3f}]" if finite(low) and finite(high) else "-",
+                "p": f"{comparison.p:.3f}" if finite(comparison.p) else "-",
+                "n": str(comparison.n),
+                "ahead": comparison.significant(paired.alpha),
+            }
+        )
+    return rows
+
+
+def paired_caption(document: Results, column: bool = True) -> str:
+    """What the ``vs next`` column and its marker mean; without ``column``, what the reports'
+    table of rank i against rank i + 1 holds."""
+    result = as_result(document)
+    alpha = result.paired.alpha if result.paired is not None else 0.05
+    if not column:
+        return (
+            "Rank i against rank i + 1: the mean of the per-example differences of their "
+            "last-layer scores, with a paired bootstrap 95% CI and two-sided p over the examples "
+            f"both scored; not significantly ahead: p >= {alpha:g}"
+        )
+    return (
+        f"vs next: p of the paired difference with the next row (bootstrap over the examples "
+        f"both scored, last layer); {NOT_AHEAD}: not significantly ahead of it (p >= {alpha:g})"
+    )
+
+
 def scored_kinds(result: Result, evaluator: str) -> list[str]:
     present = {
         kind for method in result.methods.values() for kind in method.scores.get(evaluator, {})
@@ -157,17 +214,21 @@ def leaderboard(document: Results, evaluator: str, kind: str = "aggregated") -> 
     higher_is_better = info.get("higher_is_better", True)
     versus = f" vs {document.reference}" if info.get("needs_reference", True) else ""
     direction = "" if higher_is_better else ", lower is better"
+    versus_next = {row["spec"]: row for row in next_row_differences(document, evaluator, kind)}
+    captions = [_added_caption(document), paired_caption(document) if versus_next else ""]
     table = Table(
         title=f"{evaluator}{versus} ({kind}{direction}) — {model['name']} on "
         f"{Path(dataset['name']).name}/{dataset['split']} (n={dataset['examples']})",
         title_justify="left",
-        caption=_added_caption(document) or None,
+        caption="\n".join(c for c in captions if c) or None,
         caption_justify="left",
     )
     table.add_column("method", style="bold", no_wrap=True)
     table.add_column("best (layer)", justify="right", no_wrap=True)
     table.add_column("last layer", justify="right", no_wrap=True)
     table.add_column("95% CI", justify="right", no_wrap=True)
+    if versus_next:
+        table.add_column("vs next", justify="right", no_wrap=True)
     answers = answer_columns(document)
     for _, title in answers:
         table.add_column(title, justify="right", no_wrap=True)
@@ -185,12 +246,13 @@ def leaderboard(document: Results, evaluator: str, kind: str = "aggregated") -> 
         layers = layer_scores(method, evaluator, kind)
         seconds = method.seconds_per_example
         status = _status(method, evaluator)
-        row = ["-"] * (3 + len(answers))
+        row = ["-"] * (3 + bool(versus_next) + len(answers))
         if layers:
             scored = [x for x in layers if not math.isnan(x.mean)]
             best = max(scored, key=lambda x: sign * x.mean) if scored else None
             best_text = _mean(best) + (f" ({best.layer})" if best and len(layers) > 1 else "")
             row = [best_text, _mean(layers[-1]), _ci(layers[-1])]
+            row += [_versus_next(versus_next.get(spec))] if versus_next else []
             row += [_mean(method.answer_score(answer, evaluator, kind)) for answer, _ in answers]
         memory = method.peak_memory_mb
         table.add_row(
@@ -202,6 +264,12 @@ def leaderboard(document: Results, evaluator: str, kind: str = "aggregated") -> 
             style=None if status == "ok" else "red",
         )
     return table
+
+
+def _versus_next(row: dict | None) -> str:
+    if row is None:
+        return ""
+    return f"{row['p']}" + ("" if row["ahead"] else f" {NOT_AHEAD}")
 
 
 def models_table(document: dict[str, Any]) -> Table | None:

@@ -13,14 +13,17 @@ from attrib_bench.reports.leaderboard import (
     heading,
     layer_scores,
     leaderboard_rows,
+    next_row_differences,
     ok_evaluators,
+    paired_caption,
     ranked,
     scored_kinds,
     signed,
 )
 from attrib_bench.reports.provenance import DEFAULT_EXAMPLES, provenance_rows, shown_examples, title
 from attrib_bench.reports.similarity import across_models_markdown
-from attrib_bench.results.typed import Results, as_result
+from attrib_bench.results.agreement import TITLES
+from attrib_bench.results.typed import Result, Results, as_result
 
 
 def render_markdown(
@@ -59,6 +62,7 @@ def render_markdown(
                     f"| {rank} | `{row['spec']}` | " + " | ".join(cells) + f" | {status} |"
                 )
             lines.append("")
+            lines += _next_rows(document, evaluator, kind)
         depth = max(
             (len(layer_scores(m, evaluator, "aggregated") or [])) for m in document.methods.values()
         )
@@ -79,6 +83,7 @@ def render_markdown(
         if state["status"] != "ok":
             lines += [f"Evaluator `{name}` failed: {state['error']}", ""]
     lines += across_models_markdown(document.extra)
+    lines += _agreement(document)
     rows = token_rows(document, shown_examples(document, examples), attributions)
     order = ranked(document, evaluators[0]) if evaluators else list(document.methods)
     order += sorted({spec for methods in rows.values() for spec in methods} - set(order))
@@ -101,3 +106,47 @@ def render_markdown(
     lines += ["## Provenance", ""]
     lines += [f"- **{name}**: {value}" for name, value in provenance_rows(document)]
     return "\n".join(lines) + "\n"
+
+
+def _next_rows(result: Result, evaluator: str, kind: str) -> list[str]:
+    """Rank i against rank i + 1: the paired difference, its CI and p (none without)."""
+    rows = next_row_differences(result, evaluator, kind)
+    if not rows:
+        return []
+    lines = [
+        f"{paired_caption(result, column=False)}:",
+        "",
+        "| # | method | next | difference | 95% CI | p | n | |",
+        "|---:|---|---|---:|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        mark = "" if row["ahead"] else "not significantly ahead"
+        lines.append(
+            f"| {row['rank']} | `{row['spec']}` | `{row['next']}` | {row['difference']} | "
+            f"{row['ci']} | {row['p']} | {row['n']} | {mark} |"
+        )
+    return [*lines, ""]
+
+
+def _agreement(result: Result) -> list[str]:
+    """The feature agreement matrix (methods numbered); the other measures are in the JSON and
+    the HTML report."""
+    agreement = result.agreement
+    if agreement is None or len(agreement.methods) < 2 or "feature" not in agreement.measures:
+        return []
+    methods = agreement.methods
+    matrix = agreement.matrix("feature")
+    lines = [
+        f"## Agreement between methods: {TITLES['feature']} at top {agreement.k}",
+        "",
+        "Mean over examples of the share of the top-k tokens by |score| two methods share "
+        "(Krishna et al. 2022; real tokens without special tokens); rank, sign and signed-rank "
+        "agreement and rank correlation are in the HTML report and the JSON.",
+        "",
+        "| # | method | " + " | ".join(str(i) for i in range(1, len(methods) + 1)) + " |",
+        "|---:|---|" + "---:|" * len(methods),
+    ]
+    for i, spec in enumerate(methods):
+        cells = [f"{v:.2f}" if finite(float(v)) else "-" for v in matrix[i]]
+        lines.append(f"| {i + 1} | `{spec}` | " + " | ".join(cells) + " |")
+    return [*lines, ""]

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from attrib_bench.core.interfaces import KINDS
+from attrib_bench.results.paired import paired_section
 from attrib_bench.results.stats import summarize_by_answer, summarize_corpus, summarize_layers
 
 if TYPE_CHECKING:
@@ -169,6 +170,10 @@ def build_result(
     }
     if right_E is not None:
         document["model_right"] = right_E.tolist()
+    # Every two methods on the same examples: is rank i really ahead of rank i + 1?
+    corpus = [name for name, info in document["evaluator_info"].items() if info["corpus_level"]]
+    ran = {spec: doc["per_example"] for spec, doc in method_docs.items() if doc["status"] == "ok"}
+    document["paired"] = paired_section(ran, corpus, config.seed)
     return document
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from attrib_bench.core.errors import UsageError
+from attrib_bench.results.paired import Paired, paired_section
 from attrib_bench.results.stats import summarize_by_answer, summarize_layers
 from attrib_bench.results.typed import LayerScore, MethodResult, Result
 
@@ -196,6 +197,15 @@ def merge(parts: Sequence[Result]) -> Result:
     answers = [part.model_right for part in parts]
     model_right = None if None in answers else [right for a in answers for right in a]
     right_E = None if model_right is None else np.array(model_right, dtype=bool)
+    methods = {
+        spec: _merge_method(spec, [p.methods[spec] for p in parts], sizes, seed, right_E)
+        for spec in first.methods
+    }
+    # The paired comparison is recomputed over all examples; the agreement matrix needs the
+    # attributions themselves, which a result does not hold, so a merged result has none.
+    corpus = [name for name, info in first.evaluator_info.items() if info.get("corpus_level")]
+    ran = {spec: m.per_example for spec, m in methods.items() if m.status == "ok"}
+    paired = Paired.from_json(paired_section(ran, corpus, seed))
     return Result(
         schema_version=first.schema_version,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -206,9 +216,7 @@ def merge(parts: Sequence[Result]) -> Result:
         evaluator_info=copy.deepcopy(first.evaluator_info),
         example_ids=[example for part in parts for example in part.example_ids],
         model_right=model_right,
-        methods={
-            spec: _merge_method(spec, [p.methods[spec] for p in parts], sizes, seed, right_E)
-            for spec in first.methods
-        },
+        methods=methods,
         extra=extra,
+        paired=paired,
     )

@@ -24,6 +24,8 @@ from typing import Any, NoReturn
 import numpy as np
 
 from attrib_bench.core.errors import UsageError
+from attrib_bench.results.agreement import Agreement, validate_agreement
+from attrib_bench.results.paired import Paired, validate_paired
 
 #: The top-level keys of the result schema (``schema/results.schema.json``) that must be there.
 REQUIRED = ("created", "config", "provenance", "reference", "evaluators", "methods")
@@ -63,6 +65,8 @@ RESULT_KEYS = (
     "example_ids",
     "model_right",
     "methods",
+    "agreement",
+    "paired",
 )
 
 
@@ -238,6 +242,10 @@ class Result:
     #: Per example in ``example_ids`` order, whether the model gets it right (next-token
     #: data: logit(good) > logit(bad)); None for other data.
     model_right: list[bool] | None = None
+    #: Agreement between every two methods (``results.agreement``); None when not computed.
+    agreement: Agreement | None = None
+    #: Paired differences between every two methods (``results.paired``); None when absent.
+    paired: Paired | None = None
     #: Other top-level sections (``cache``, ``finetune``, ``merged_from``), kept as they are.
     extra: dict[str, Any] = field(default_factory=dict)
     #: The file it was read from, for error messages (None: built in memory); not in the JSON.
@@ -261,6 +269,10 @@ class Result:
                 spec: MethodResult.from_json(spec, entry)
                 for spec, entry in document["methods"].items()
             },
+            agreement=(
+                Agreement.from_json(document["agreement"]) if document.get("agreement") else None
+            ),
+            paired=Paired.from_json(document["paired"]) if document.get("paired") else None,
             extra={k: v for k, v in document.items() if k not in RESULT_KEYS},
             source=getattr(document, "path", None),
         )
@@ -277,6 +289,8 @@ class Result:
             "example_ids": self.example_ids,
             **({} if self.model_right is None else {"model_right": self.model_right}),
             "methods": {spec: method.to_json() for spec, method in self.methods.items()},
+            **({} if self.agreement is None else {"agreement": self.agreement.to_json()}),
+            **({} if self.paired is None else {"paired": self.paired.to_json()}),
             **self.extra,
         }
 
@@ -365,6 +379,10 @@ def validate(document: Any, name: str) -> None:
                 schema.fail(f"model_right[{index}]", "true or false", value)
     if document.get("cache"):
         _validate_cache(schema, document["cache"])
+    if document.get("agreement"):
+        validate_agreement(schema, document["agreement"])
+    if document.get("paired"):
+        validate_paired(schema, document["paired"])
     methods = schema.object(document["methods"], "methods")
     if not methods:
         raise UsageError(f"{name!r} has no methods: it holds no scores")

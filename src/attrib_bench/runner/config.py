@@ -39,7 +39,7 @@ STRINGS = (
     "output",
     "target",
 )
-INTEGERS = ("limit", "max_length", "seed", "batch_size")
+INTEGERS = ("limit", "max_length", "seed", "batch_size", "agreement_k")
 SPEC_LISTS = ("attributors", "evaluators")
 FINETUNE_STRINGS = ("model", "dataset", "split", "text_column", "text_pair_column", "label_column")
 FINETUNE_NUMBERS = {
@@ -51,7 +51,17 @@ FINETUNE_NUMBERS = {
     "learning_rate": float,
 }
 TOP_LEVEL = frozenset(
-    (*STRINGS, *INTEGERS, *SPEC_LISTS, "models", "reference", "plugins", "cache", "finetune")
+    (
+        *STRINGS,
+        *INTEGERS,
+        *SPEC_LISTS,
+        "models",
+        "reference",
+        "plugins",
+        "cache",
+        "floor",
+        "finetune",
+    )
 )
 #: RunConfig field -> the ``run`` flag's attribute in the parsed arguments.
 FLAGS = {f.name: f.name for f in fields(RunConfig)} | {"plugins": "plugin"}
@@ -149,6 +159,8 @@ def read_config(path: Path | str) -> dict[str, Any]:
         values["plugins"] = [str(folder / _check(p, str, "plugins", path)) for p in data["plugins"]]
     if "cache" in data:
         values["cache"] = _check(data["cache"], bool, "cache", path)
+    if "floor" in data:  # false: no `random` floor row (``--no-floor``)
+        values["floor"] = _check(data["floor"], bool, "floor", path)
     for key in ("model", "dataset"):
         if key in values:
             values[key] = _local(values[key], folder)

@@ -18,7 +18,14 @@ import torch
 from attrib_bench.core import console
 from attrib_bench.core.architecture_spec import ArchitectureSpec
 from attrib_bench.core.errors import UsageError, unknown_choice
-from attrib_bench.core.interfaces import KINDS, Attribution, Batch, EvalContext, compares_models
+from attrib_bench.core.interfaces import (
+    KINDS,
+    Attribution,
+    Batch,
+    EvalContext,
+    compares_models,
+    position_problem,
+)
 from attrib_bench.core.registry import Registry, Spec, load_registry
 from attrib_bench.core.target import DEFAULT_TARGET, NEXT_TOKEN_TARGET, Target, target_score
 from attrib_bench.data.batches import contentless_ids, make_batches
@@ -28,6 +35,7 @@ from attrib_bench.data.rationales import rationale_words_lost
 from attrib_bench.model.load import LoadedModel, load_model, target_logits
 from attrib_bench.model.trace import Trace, default_target_position, trace_batch
 from attrib_bench.results import build_result
+from attrib_bench.results.agreement import DEFAULT_K, AgreementTally
 from attrib_bench.runner.memory import PeakMemory, standalone_megabytes
 
 DEFAULT_REFERENCE = "saliency"
@@ -63,6 +71,10 @@ class RunConfig:
     #: None (not given): ``NEXT_TOKEN_TARGET`` for next-token data, else ``DEFAULT_TARGET``,
     #: whose ``position=auto`` is the model family's own.
     target: str | None = None
+    #: k of the agreement between methods at top k (attrib_bench.results.agreement); 0: off.
+    agreement_k: int = DEFAULT_K
+    #: Whether the ``random`` floor joins the leaderboard when not selected (``--no-floor``).
+    floor: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -160,6 +172,8 @@ def prepare(config: RunConfig, quiet: bool = False) -> Prepared:
         raise unknown_choice("reference attributor", config.reference, registry.attributors)
     if config.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {config.batch_size}")
+    if config.agreement_k < 0:
+        raise UsageError(f"agreement_k must be at least 0 (0: off), got {config.agreement_k}")
     data = load_examples(
         config.dataset,
         config.split,
@@ -299,7 +313,9 @@ def attribution_stream(
     The progress bar counts (example, method) pairs, so it moves within a batch too.
     """
     for method in methods:  # one the model family cannot serve fails before any batch is traced
-        problem = prepared.loaded.unmet_needs(method.attributor)
+        problem = prepared.loaded.unmet_needs(method.attributor) or position_problem(
+            method.attributor, prepared.target.position
+        )
         if problem is not None:
             method.fail(problem)
     fields = prepared.registry.trace_field_specs()  # what a plugin's `requires` may add
@@ -414,10 +430,11 @@ def selected_specs(registry: Registry, attributors: Sequence[str] | None) -> lis
 
 
 def leaderboard_methods(
-    registry: Registry, attributors: Sequence[str] | None, reference: str
+    registry: Registry, attributors: Sequence[str] | None, reference: str, floor: bool = True
 ) -> tuple[list[MethodState], str]:
-    """The selected methods (or the defaults), plus the reference and the floor when absent;
-    and the spec the reference runs under (a selected spec that is the same method, if any)."""
+    """The selected methods (or the defaults), plus the reference and (unless ``floor`` is
+    False) the floor when absent; and the spec the reference runs under (a selected spec that
+    is the same method, if any)."""
     specs = selected_specs(registry, attributors)
     methods = [MethodState(spec, registry.attributor(spec)) for spec in specs]
     wanted = _same_method(registry, reference)
@@ -427,7 +444,7 @@ def leaderboard_methods(
     if reference not in specs:
         methods.append(MethodState(reference, registry.attributor(reference), added_as="reference"))
     names = {Spec.parse(m.spec).name for m in methods}
-    if FLOOR in registry.attributors and FLOOR not in names:
+    if floor and FLOOR in registry.attributors and FLOOR not in names:
         methods.append(MethodState(FLOOR, registry.attributor(FLOOR), added_as="floor"))
     return methods, reference
 
@@ -453,6 +470,8 @@ class SingleRun:
     evaluator_errors: dict[str, str]
     right: dict[str, bool] | None
     cache: dict[str, Any] | None
+    #: Agreement between every two methods per example (None: ``agreement_k`` 0).
+    agreement: AgreementTally | None = None
 
     def document(self) -> dict[str, Any]:
         document = build_result(
@@ -463,6 +482,11 @@ class SingleRun:
             self.evaluator_errors,
             self.right,
         )
+        if self.agreement is not None:
+            ok = [spec for spec, method in document["methods"].items() if method["status"] == "ok"]
+            document["agreement"] = self.agreement.section(
+                ok, document["example_ids"], self.config.seed
+            )
         if self.cache is not None:
             document["cache"] = self.cache
         return document
@@ -499,8 +523,13 @@ def run_single(
     torch.manual_seed(config.seed)
     prepared = prepare(config, quiet) if prepared is None else prepared
     registry = prepared.registry
-    methods, reference_spec = leaderboard_methods(registry, config.attributors, config.reference)
-    if keep_rows:
+    methods, reference_spec = leaderboard_methods(
+        registry, config.attributors, config.reference, config.floor
+    )
+    tally = None
+    if config.agreement_k:  # agreement between every two methods (results.agreement)
+        tally = AgreementTally([m.spec for m in methods], config.agreement_k)
+    if keep_rows or tally is not None:  # rows the tally reads are dropped again unless kept
         for method in methods:
             method.rows = {}
     specs = default_evaluators(registry, prepared.data) if config.evaluators is None else None
@@ -519,7 +548,10 @@ def run_single(
     batches = prepared.batches
     if result_cache.enabled(cache):
         store = result_cache.ResultCache(prepared, methods, evaluators, reference_spec, config.seed)
-        restored = store.restore_complete(prepared.batches)
+        restored: set[str] = set()
+        for batch in prepared.batches:  # batch by batch, so the tally frees each one's rows
+            restored |= store.restore_complete([batch])
+            _tally_rows(tally, methods, batch, keep_rows)
         if restored:
             remaining = [e for e in prepared.data.examples if e.id not in restored]
             tokenizer = prepared.loaded.tokenizer
@@ -539,6 +571,7 @@ def run_single(
         for method in methods:
             if method.spec in results:
                 method.keep_rows(results[method.spec], trace.batch)
+        _tally_rows(tally, methods, trace.batch, keep_rows)
         reference = results.get(reference_spec)
         if reference is None and store is not None and reference_method.error is None:
             reference = store.attribution(reference_spec, trace.batch)  # not run on this batch
@@ -555,6 +588,8 @@ def run_single(
             )
         if store is not None:
             store.save(trace.batch, results)
+    for batch in batches:  # batches the cache filled in whole were never traced
+        _tally_rows(tally, methods, batch, keep_rows)
     for method in methods:
         for name in evaluators:
             if name not in evaluator_errors and method.error is None and method.undefined(name):
@@ -570,7 +605,28 @@ def run_single(
         evaluator_errors,
         right_answers(prepared, traced_right),
         store.describe() if store is not None else None,
+        tally,
     )
+
+
+def _tally_rows(
+    tally: AgreementTally | None, methods: Sequence[MethodState], batch: Batch, keep: bool
+) -> None:
+    """Add each example of the batch whose scored row (the last aggregated one) every working
+    method holds to the agreement tally, over its candidates (toolkit.erasure.candidates: real
+    tokens, not special); then drop those rows unless ``keep`` (``keep_rows``) asks for them."""
+    if tally is None:
+        return
+    working = [m for m in methods if m.error is None and m.rows is not None]
+    special_BN = batch.special_tokens_mask_BN.bool().cpu().numpy()
+    for row, (example, length) in enumerate(zip(batch.examples, batch.lengths, strict=True)):
+        if example.id in tally.values or not all(example.id in m.rows for m in working):
+            continue
+        scored = {m.spec: m.rows[example.id]["aggregated"][-1] for m in working}
+        tally.add(example.id, scored, ~special_BN[row, :length])
+        if not keep:
+            for method in working:
+                del method.rows[example.id]
 
 
 def _evaluate(

@@ -36,13 +36,14 @@ from attrib_bench.core.interfaces import (
     EvalContext,
     Example,
     compares_models,
+    position_problem,
 )
 from attrib_bench.core.registry import load_registry
 from attrib_bench.core.target import DEFAULT_TARGET, Target
 from attrib_bench.core.trace_fields import TRACE_FIELDS, TraceField
 from attrib_bench.data.batches import make_batches
 from attrib_bench.model.load import LoadedModel, load_model
-from attrib_bench.model.trace import Trace, trace_batch
+from attrib_bench.model.trace import Trace, default_target_position, trace_batch
 from attrib_bench.runner.engine import check_scores
 
 FAMILIES = ("bert", "roberta")
@@ -567,7 +568,13 @@ def _attributor_problems(
     The other targets are checked only when the default passes: its problems come first, and
     fixing them usually fixes the rest, so a broken method gets each problem once.
     """
-    default, *others = TARGETS
+    family_position = default_target_position(loaded)
+    explained = [
+        target
+        for target in TARGETS
+        if position_problem(obj, target.resolved(family_position).position) is None
+    ]
+    default, *others = explained or [DEFAULT_TARGET]
     shapes, problems = _target_problems(obj, loaded, seed, fields, default)
     if problems:
         return shapes, problems

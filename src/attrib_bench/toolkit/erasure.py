@@ -16,7 +16,7 @@ from attrib_bench.core.errors import UsageError
 if TYPE_CHECKING:
     from attrib_bench.model.trace import Trace
 
-REMOVALS = ("auto", "mask", "pad", "zero", "delete")
+REMOVALS = ("auto", "mask", "pad", "zero", "delete", "retokenize")
 
 #: Where erased predictions are kept within one batch's trace, shared by every evaluator here.
 CACHE_KEY = "faithfulness.erased_log_probabilities"
@@ -43,8 +43,66 @@ def resolve_removal(removal: str, tokenizer) -> str:
     return removal
 
 
+def _start_token(tokenizer) -> int:
+    """What an empty context is read as: BOS, or the pad token for a tokenizer without one."""
+    return tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.pad_token_id
+
+
+def retokenized(
+    inputs: dict[str, torch.Tensor], erase_VN: torch.Tensor, special_VN: torch.Tensor, tokenizer
+) -> dict[str, torch.Tensor]:
+    """ferret's deletion: the kept tokens decoded to text (``tokenizer.decode``, its defaults)
+    and the text tokenised again, special tokens added anew, so that word pieces left side by
+    side may merge and the token count may change.
+
+    The texts are the runs of real non-special tokens (a pair's two texts are two runs, encoded
+    again as a pair; ferret decodes a pair as one string, its middle separator included).
+    """
+    texts: list[list[str]] = []
+    for ids_N, real_N, special_N, erased_N in zip(
+        inputs["input_ids"].tolist(),
+        inputs["attention_mask"].bool().tolist(),
+        special_VN.bool().tolist(),
+        erase_VN.bool().tolist(),
+        strict=True,
+    ):
+        runs: list[list[int]] = []
+        inside = False
+        for token, real, special, erased in zip(ids_N, real_N, special_N, erased_N, strict=True):
+            if not real or special:
+                inside = False
+                continue
+            if not inside:
+                runs.append([])
+                inside = True
+            if not erased:
+                runs[-1].append(token)
+        if len(runs) > 2:
+            raise ValueError(f"removal=retokenize: an input of {len(runs)} texts (at most a pair)")
+        texts.append([tokenizer.decode(run) for run in runs] or [""])
+    firsts = [parts[0] for parts in texts]
+    pairs = [parts[1] if len(parts) > 1 else "" for parts in texts]
+    encoded = tokenizer(
+        firsts,
+        *([pairs] if any(len(parts) > 1 for parts in texts) else []),
+        padding=True,
+        truncation=True,
+        return_tensors="pt",
+    )
+    device = inputs["input_ids"].device
+    out = {name: encoded[name].to(device) for name in inputs if name in encoded}
+    empty_V = out["attention_mask"].sum(dim=1) == 0  # a decoder's empty text: no token at all
+    out["input_ids"][empty_V, 0] = _start_token(tokenizer)
+    out["attention_mask"][empty_V, 0] = 1
+    return out
+
+
 def erase(
-    inputs: dict[str, torch.Tensor], erase_VN: torch.Tensor, removal: str, tokenizer
+    inputs: dict[str, torch.Tensor],
+    erase_VN: torch.Tensor,
+    removal: str,
+    tokenizer,
+    special_VN: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Model inputs with the marked tokens erased (``zero`` is applied by a hook instead).
 
@@ -52,8 +110,13 @@ def erase(
     sequence and leaves its positions to the model. An input with every token deleted (a
     decoder's has no special token to keep) is the empty context, which a language model reads
     as its start token alone: BOS, or the pad token for a tokenizer without one.
+    ``retokenize`` (see ``retokenized``) needs the special-token mask ``special_VN``.
     """
     ids = inputs["input_ids"]
+    if removal == "retokenize":
+        if special_VN is None:
+            raise ValueError("removal=retokenize needs the special-token mask")
+        return retokenized(inputs, erase_VN, special_VN, tokenizer)
     if removal in ("mask", "pad"):
         token_id = tokenizer.mask_token_id if removal == "mask" else tokenizer.pad_token_id
         return {**inputs, "input_ids": torch.where(erase_VN, token_id, ids)}
@@ -65,8 +128,7 @@ def erase(
     kept = kept_VN.gather(1, order)[:, :length]
     ids = torch.where(kept, ids.gather(1, order)[:, :length], tokenizer.pad_token_id)
     empty_V = ~kept.any(dim=1)
-    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.pad_token_id
-    ids[empty_V, 0] = start
+    ids[empty_V, 0] = _start_token(tokenizer)
     kept[empty_V, 0] = True
     out = {"input_ids": ids, "attention_mask": kept.to(inputs["attention_mask"].dtype)}
     if "token_type_ids" in inputs:
@@ -82,10 +144,12 @@ def forward_erased(
     removal: str,
     positions_V: torch.Tensor,
     target_logits: Callable[..., torch.Tensor],
+    special_VN: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Log-probabilities of the erased variants, (V, C) in float64, a language model's at the
     target position: ``positions_V`` (each variant's example's) where tokens stay in place, the
-    target token of the re-packed input for ``delete``.
+    target token of the re-packed input for ``delete`` and ``retokenize`` (which needs the
+    variants' special-token mask ``special_VN``).
 
     ``target_logits`` is ``attrib_bench.model.load.target_logits``, passed in by the caller:
     the toolkit sits below the model layer and may not import it.
@@ -97,8 +161,8 @@ def forward_erased(
         handle = trace.loaded.embeddings.register_forward_hook(
             lambda _module, _args, output: output * keep_VN1.to(output.dtype)
         )
-    erased = erase(inputs, erase_VN, removal, trace.loaded.tokenizer)
-    if removal == "delete":
+    erased = erase(inputs, erase_VN, removal, trace.loaded.tokenizer, special_VN)
+    if removal in ("delete", "retokenize"):
         positions_V = trace.target.positions(erased["attention_mask"])
     try:
         with torch.no_grad():

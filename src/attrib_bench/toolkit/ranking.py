@@ -2,7 +2,7 @@
 
 Public so that the built-in evaluators (faithfulness, plausibility, sanity) and third-party ones
 read a method's scores and rank its tokens the same way: one row per example, k = ceil(ratio * n)
-of n candidates, ties to the earlier position.
+of n candidates (``rounding="floor"``: int(ratio * n), ferret's), ties to the earlier position.
 """
 
 from __future__ import annotations
@@ -29,8 +29,15 @@ def scored_row(attribution: Attribution, layer: int) -> torch.Tensor:
     return rows_BLN[:, layer - 1]
 
 
-def ratio_k(ratio: float, n: int) -> int:
-    """How many of n candidates a ratio erases: ceil(ratio * n), immune to float noise."""
+ROUNDINGS = ("ceil", "floor")
+
+
+def ratio_k(ratio: float, n: int, rounding: str = "ceil") -> int:
+    """How many of n candidates a ratio erases: ceil(ratio * n), immune to float noise; or
+    ``floor``: int(ratio * n) as ferret 0.4.2 computes it, float noise included (its thresholds
+    come from np.arange, whose 0.7000000000000001 * 90 gives 63 where 0.7 * 90 gives 62)."""
+    if rounding == "floor":
+        return min(n, int(ratio * n))
     return min(n, math.ceil(round(ratio * n, 9)))
 
 
@@ -48,10 +55,28 @@ def top_k_mask(scores_BN: np.ndarray, candidates_BN: np.ndarray, k_B: np.ndarray
     return out & candidates_BN
 
 
-def erasure_mask(
-    scores_BN: np.ndarray, candidates_BN: np.ndarray, ratio: float, mode: str
+def rationale_mask(
+    scores_BN: np.ndarray,
+    candidates_BN: np.ndarray,
+    ratio: float,
+    rounding: str = "ceil",
+    positive: bool = False,
 ) -> np.ndarray:
-    """Tokens to erase: the top k (``remove``), or every candidate outside the top k (``keep``)."""
-    k_B = np.array([ratio_k(ratio, int(n)) for n in candidates_BN.sum(axis=1)])
+    """The rationale of a ratio: the top k candidates, and with ``positive`` only those of them
+    with a score above 0 (ferret's ``only_pos``: a top k with no positive score is empty)."""
+    k_B = np.array([ratio_k(ratio, int(n), rounding) for n in candidates_BN.sum(axis=1)])
     top = top_k_mask(scores_BN, candidates_BN, k_B)
+    return top & (scores_BN > 0) if positive else top
+
+
+def erasure_mask(
+    scores_BN: np.ndarray,
+    candidates_BN: np.ndarray,
+    ratio: float,
+    mode: str,
+    rounding: str = "ceil",
+    positive: bool = False,
+) -> np.ndarray:
+    """Tokens to erase: the rationale (``remove``), or every candidate outside it (``keep``)."""
+    top = rationale_mask(scores_BN, candidates_BN, ratio, rounding, positive)
     return top if mode == "remove" else candidates_BN & ~top
