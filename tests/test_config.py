@@ -94,7 +94,10 @@ def test_flags_given_override_the_file_and_flags_left_out_do_not(tiny_bert, run_
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("limt = 3\n", "unknown top-level key(s) limt; valid keys: agreement_k, attributors, batch_size"),
+        (
+            "limt = 3\n",
+            "unknown top-level key(s) limt; valid keys: agreement_k, attributors, batch_size",
+        ),
         ('limit = "3"\n', "limit must be an integer, got '3'"),
         ("seed = true\n", "seed must be an integer, got True"),
         ("attributors = []\n", "attributors must be a non-empty list of specs"),
