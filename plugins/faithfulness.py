@@ -68,6 +68,7 @@ import torch
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, EvalContext, Trace, UsageError
+from attrib_bench.core.interfaces import scored_classes
 from attrib_bench.model.trace import trace_batch
 from attrib_bench.toolkit.erasure import (
     CACHE_KEY,
@@ -207,8 +208,9 @@ class Erasure(Configurable, ABC):
         rationale_RBN, _, scoreable_B = self.rationales(attribution, context)
         erased_RBC = self.erased(attribution, context, self.evaluated(rationale_RBN))
         original_BC = torch.log_softmax(context.trace.logits_BC.double(), dim=-1).cpu().numpy()
-        before_B = explained(context.trace, original_BC[None])[0]
-        after_RB = explained(context.trace, erased_RBC)
+        target = scored_classes(context.attributor, context.trace)  # what the method explains
+        before_B = explained(context.trace, original_BC[None], target)[0]
+        after_RB = explained(context.trace, erased_RBC, target)
         per_example = self.reduce(before_B, after_RB, erased_RBC, context)
         per_example[~scoreable_B] = np.nan
         return {"aggregated": per_example[None, :]}
@@ -406,9 +408,10 @@ class LogOdds(Erasure):
 
     def reduce(self, original_B, erased_RB, erased_RBC, context):
         trace = context.trace
-        if trace.target.score == "contrastive":  # s is already the log-odds of y to the foil
+        classes, foils = scored_classes(context.attributor, trace)
+        if foils is not None:  # s is already the log-odds of y to the foil
             return (original_B[None, :] - erased_RB).mean(axis=0)
-        classes_B = trace.target_classes_B.cpu().numpy()
+        classes_B = classes.cpu().numpy()
         original_BC = torch.log_softmax(trace.logits_BC.double(), dim=-1).cpu().numpy()
         after_RB = np.stack([log_odds(erased_BC, classes_B) for erased_BC in erased_RBC])
         return (log_odds(original_BC, classes_B)[None, :] - after_RB).mean(axis=0)

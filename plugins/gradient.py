@@ -115,9 +115,14 @@ class _EmbeddingGradient(Configurable, ABC):
     def layer(self, trace: Trace) -> torch.nn.Module:
         return _attribution_layer(trace.loaded, self.params["layer"])
 
+    def explained_target(self, trace: Trace) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The classes (and foils) this method's ``target=`` explains: what the removal
+        evaluators score (attrib_bench.core.interfaces.scored_classes)."""
+        return explained_classes(trace, self.params["target"])
+
     def attribute(self, trace: Trace) -> Attribution:
         batch = trace.batch
-        classes_B, foils_B = explained_classes(trace, self.params["target"])
+        classes_B, foils_B = self.explained_target(trace)
         values_BND = self.per_dimension(trace, classes_B, foils_B).detach()
         reduce = self.params["reduce"]
         if reduce == "l2":

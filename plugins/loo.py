@@ -36,6 +36,7 @@ import torch
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, EvalContext, Trace, UsageError
+from attrib_bench.core.interfaces import scored_classes
 from attrib_bench.toolkit.erasure import (
     CACHE_KEY,
     REMOVALS,
@@ -47,8 +48,9 @@ from attrib_bench.toolkit.erasure import (
 from attrib_bench.toolkit.ranking import scored_row
 
 
-def loo_drops(trace: Trace, removal: str, chunk_tokens: int) -> np.ndarray:
-    """f(x) - f(x without token j) for every candidate j, (B, N) float64, NaN elsewhere.
+def loo_log_probs(trace: Trace, removal: str, chunk_tokens: int) -> np.ndarray:
+    """The log-probabilities with each candidate token j left out, (N, B, C) float64 (the
+    original ones where j is no candidate).
 
     Each single-token erasure is looked up in, and added to, faithfulness's cache (same keys:
     removal, example, erased tokens), so no erasure of the batch is run twice.
@@ -68,8 +70,18 @@ def loo_drops(trace: Trace, removal: str, chunk_tokens: int) -> np.ndarray:
     erased_NBC = np.repeat(original_BC[None], N, axis=0)  # (token left out, example, class)
     for (b, j), key in keys.items():
         erased_NBC[j, b] = cache[key]
-    drops_BN = (explained(trace, original_BC[None]) - explained(trace, erased_NBC)).T
-    drops_BN[~candidates_BN] = np.nan
+    return erased_NBC
+
+
+def loo_drops(
+    trace: Trace, erased_NBC: np.ndarray, target: tuple[torch.Tensor, torch.Tensor | None]
+) -> np.ndarray:
+    """f(x) - f(x without token j) for every candidate j, (B, N) float64, NaN elsewhere, with
+    f the score of ``target`` (the classes the scored method explains)."""
+    original_BC = torch.log_softmax(trace.logits_BC.double(), dim=-1).cpu().numpy()
+    before_1B = explained(trace, original_BC[None], target)
+    drops_BN = (before_1B - explained(trace, erased_NBC, target)).T
+    drops_BN[~candidates(trace)] = np.nan
     return drops_BN
 
 
@@ -136,10 +148,11 @@ class LooTau(Configurable):
     def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
         trace = context.trace
         removal = resolve_removal(self.params["removal"], trace.loaded.tokenizer)
-        drops_BN = trace.memo(
-            f"loo.drops/{removal}",
-            lambda: loo_drops(trace, removal, self.params["chunk_tokens"]),
+        erased_NBC = trace.memo(
+            f"loo.erased/{removal}",
+            lambda: loo_log_probs(trace, removal, self.params["chunk_tokens"]),
         )
+        drops_BN = loo_drops(trace, erased_NBC, scored_classes(context.attributor, trace))
         scores_BN = scored_row(attribution, self.params["layer"]).detach().double().cpu().numpy()
         candidates_BN = candidates(trace)
         per_example = np.full(len(scores_BN), np.nan)

@@ -57,9 +57,14 @@ class _TokenPerturbation(Configurable, ABC):
     def explain(self, forward: Any, content_1M: torch.Tensor, baseline: int, target: Any) -> Any:
         """Captum's attribution of the content tokens (1, M)."""
 
+    def explained_target(self, trace: Trace) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The classes (and foils) this method's ``target=`` explains: what the removal
+        evaluators score (attrib_bench.core.interfaces.scored_classes)."""
+        return explained_classes(trace, self.params["target"])
+
     def attribute(self, trace: Trace) -> Attribution:
         loaded, batch = trace.loaded, trace.batch
-        classes_B, foils_B = explained_classes(trace, self.params["target"])
+        classes_B, foils_B = self.explained_target(trace)
         baseline = baseline_token(loaded, self.params["baseline"])
         scores_BN = trace.logits_BC.new_zeros(batch.input_ids_BN.shape)
         for row in range(batch.input_ids_BN.shape[0]):

@@ -44,6 +44,7 @@ import torch
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, EvalContext, Trace, UsageError
+from attrib_bench.core.interfaces import scored_classes
 from attrib_bench.toolkit.erasure import (
     candidates,
     example_generator,
@@ -203,11 +204,13 @@ class SoftErasure(Configurable, ABC):
             chunk_tokens,
         )
         original_BC = torch.log_softmax(trace.logits_BC.double(), dim=-1).cpu().numpy()
-        before_B = explained(trace, original_BC[None])[0]
-        after_SB = explained(trace, soft_SBC)
+        target = scored_classes(context.attributor, trace)  # the class the method explains
+        before_B = explained(trace, original_BC[None], target)[0]
+        after_SB = explained(trace, soft_SBC, target)
         if normalise:
             null_BC = trace.memo(NULL_KEY, lambda: null_log_probs(trace, chunk_tokens))
-            drop0_B = np.maximum(0.0, before_B - explained(trace, null_BC[None])[0])  # 1 - S0
+            null_B = explained(trace, null_BC[None], target)[0]
+            drop0_B = np.maximum(0.0, before_B - null_B)  # 1 - S0
             with np.errstate(divide="ignore", invalid="ignore"):
                 per_sample_SB = self.normalised(before_B[None], after_SB, drop0_B[None])
             per_sample_SB[:, drop0_B == 0] = np.nan

@@ -135,3 +135,38 @@ def test_comprehensiveness_under_score_gold_by_a_float64_loop(tiny_bert, run_cli
             before = torch.softmax(loaded.model(ids).logits.double(), -1)[0, example.label]
             after = torch.softmax(loaded.model(masked).logits.double(), -1)[0, example.label]
         assert ours[record["id"]] == pytest.approx(float(before - after), abs=1e-6)
+
+
+#: Evaluators of what the method explains; soft erasure is left out (its Bernoulli thresholds
+#: can flip on the float noise between two runs of a gradient method).
+OWN_TARGET = (
+    "comprehensiveness",
+    "sufficiency",
+    "comprehensiveness:protocol=ferret",
+    "log-odds",
+    "loo-tau",
+)
+
+
+def test_a_methods_own_target_is_the_class_scored(tiny_bert, disagree):
+    """``saliency:target=gold`` under the default (predicted) run target explains the gold
+    class, so the removal evaluators score the gold class: the same numbers as ``saliency``
+    under ``--target score=gold``, also where the model predicts the other class."""
+
+    def scores(attributor: str, target: str) -> dict:
+        document = attrib_bench.run(
+            model=str(tiny_bert),
+            limit=LIMIT,
+            attributors=[attributor],
+            evaluators=list(OWN_TARGET),
+            target=target,
+            cache=False,
+        )
+        return document["methods"][attributor]["per_example"]
+
+    own = scores("saliency:target=gold", "position=auto,score=predicted")
+    run = scores("saliency", "position=auto,score=gold")
+    for name in OWN_TARGET:
+        mine = np.array(own[name]["aggregated"][0], dtype=float)
+        theirs = np.array(run[name]["aggregated"][0], dtype=float)
+        np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-9, err_msg=name)

@@ -15,7 +15,7 @@ from attrib_bench import Attribution, EvalContext
 from attrib_bench.model.load import load_model
 from attrib_bench.testing import check_evaluator
 from attrib_bench_plugins.gradient import Saliency
-from attrib_bench_plugins.loo import LooTau
+from attrib_bench_plugins.loo import LooTau, loo_drops
 
 
 def seeded_attribution(trace, seed: int) -> Attribution:
@@ -125,7 +125,8 @@ def test_a_method_that_ranks_as_leave_one_out_scores_tau_one(tiny_bert):
     evaluator = LooTau()
     context = EvalContext(trace, None, 0)
     evaluator.score(seeded_attribution(trace, 0), context)
-    drops = np.nan_to_num(trace.shared["loo.drops/delete"])
+    erased = trace.shared["loo.erased/delete"]
+    drops = np.nan_to_num(loo_drops(trace, erased, (trace.target_classes_B, None)))
     perfect = Attribution(aggregated_BLN=torch.tensor(drops)[:, None, :].float())
     reversed_ = Attribution(aggregated_BLN=-perfect.aggregated_BLN)
     tau = evaluator.score(perfect, context)["aggregated"][0]

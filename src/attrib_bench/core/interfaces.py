@@ -153,7 +153,10 @@ class Attributor(Protocol):
     ``in_default_run = False``: it then runs only when selected by name. A method that can
     explain only some target positions (a classification head reads the first token) sets
     ``target_positions`` (default: ``("first", "last")``); under another position the runner
-    fails it with one line before any batch, and the conformance kit skips that target.
+    fails it with one line before any batch, and the conformance kit skips that target. A
+    method that explains another score than the run's target (a gradient method's
+    ``target=gold``) says which with ``explained_target(trace) -> (classes_B, foils_B or
+    None)``: the removal evaluators then score that class (``scored_classes``).
     """
 
     name: str
@@ -238,3 +241,13 @@ def position_problem(attributor: Any, position: str) -> str | None:
         f"{attributor.name} explains only --target position={'|'.join(positions)}, "
         f"not position={position}"
     )
+
+
+def scored_classes(attributor: Any, trace: Trace) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The classes (and contrastive foils) whose score ``attributor`` explains on ``trace``:
+    its own ``explained_target`` where it has one, else the run's target. Read from the trace,
+    so cached attributions are scored on the class they were computed for."""
+    own = getattr(attributor, "explained_target", None)
+    if callable(own):
+        return own(trace)
+    return trace.target_classes_B, trace.target_foils_B

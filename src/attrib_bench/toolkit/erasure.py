@@ -174,13 +174,19 @@ def forward_erased(
     return torch.log_softmax(logits.double(), dim=-1)
 
 
-def explained(trace: Trace, log_probs_RBC: np.ndarray) -> np.ndarray:
+def explained(
+    trace: Trace,
+    log_probs_RBC: np.ndarray,
+    target: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+) -> np.ndarray:
     """f of each row, (R, B): p(y) of the target class, or for a contrastive target the score
-    log p(y) - log p(foil), which is logit(y) - logit(foil)."""
-    classes_B = trace.target_classes_B.cpu().numpy()
+    log p(y) - log p(foil), which is logit(y) - logit(foil). ``target``: the (classes, foils)
+    the scored method explains (``attrib_bench.core.interfaces.scored_classes``); default the
+    run's target."""
+    classes, foils = (trace.target_classes_B, trace.target_foils_B) if target is None else target
+    classes_B = classes.cpu().numpy()
     columns = np.arange(len(classes_B))
     chosen_RB = log_probs_RBC[:, columns, classes_B]
-    foils = trace.target_foils_B
     if foils is None:
         return np.exp(chosen_RB)
     return chosen_RB - log_probs_RBC[:, columns, foils.cpu().numpy()]
