@@ -32,8 +32,8 @@ def run(
     ``config`` is an optional TOML file; ``settings`` override it with the same keys
     (``model``, ``dataset``, ``split``, ``limit``, ``attributors=[...]``, ``evaluators=[...]``,
     ``reference``, ``seed``, ``target``, ``batch_size``, ``device``, ``plugins=[...]``,
-    ``cache=False``). The result is written to ``output`` (or the file's ``output``) when one is
-    given.
+    ``shard="i/N"``, ``cache=False``). The result is written to ``output`` (or the file's
+    ``output``) when one is given.
     """
     from attrib_bench.runner.config import make_plan
 

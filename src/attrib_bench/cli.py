@@ -140,6 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="k of the agreement between methods at top k (default: 5; 0: not computed)",
     )
     run.add_argument(
+        "--shard",
+        metavar="i/N",
+        help="run only shard i of N (1-based): examples [floor((i-1)*E/N), floor(i*E/N)) of the "
+        "E examples after --limit, in dataset order; join the shards with attrib-bench merge",
+    )
+    run.add_argument(
         "--no-floor",
         dest="floor",
         action="store_false",
@@ -155,6 +161,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--all-layers", action="store_true", help="every layer and kind, not the last aggregated"
     )
     check.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+
+    merge = commands.add_parser(
+        "merge",
+        help="join results over disjoint examples (run --shard i/N) into one",
+        description="Join results over disjoint examples into one result, every statistic "
+        "recomputed; the N shards of one run (run --shard i/N) become the unsharded run's "
+        "result. Refuses parts whose model, code or settings differ (but shard, batch size and "
+        "device; unsharded parts also dataset, split and limit), shards of other data, a "
+        "repeated example id, and a missing shard.",
+    )
+    merge.add_argument("parts", type=Path, nargs="+", help="result JSON files to join")
+    merge.add_argument("--output", type=Path, required=True, help="write the merged JSON here")
 
     report = commands.add_parser("report", help="HTML or Markdown report of a result JSON")
     report.add_argument("results", type=Path, help="result JSON from attrib-bench run")
@@ -423,6 +441,19 @@ def _check(args: argparse.Namespace, out: Console) -> int:
     return comparison.exit_code
 
 
+def _merge(args: argparse.Namespace, out: Console) -> int:
+    from attrib_bench.results import Result, merge
+
+    merged = merge([Result.load(path) for path in args.parts])
+    merged.save(args.output)
+    out.print(
+        f"merged {len(args.parts)} results ({len(merged.example_ids)} examples) into {args.output}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return ExitCode.OK
+
+
 def _report(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.api import report
 
@@ -616,6 +647,7 @@ COMMANDS = {
     "identifiability": _identifiability,
     "similarity": _similarity,
     "check": _check,
+    "merge": _merge,
     "report": _report,
     "cache": _cache,
 }

@@ -5,6 +5,11 @@ recomputed from them with the run's own statistics (``attrib_bench.results.stats
 seed), so merging the runs over two halves of a dataset gives the result of one run over the
 whole (tested), the summaries over the examples the model gets right and wrong included
 (``model_right``). What cannot be recomputed from a result file is refused, not approximated.
+
+Shards (``run --shard i/N``) are the special case of one run's data cut in N: their configs may
+differ only in ``shard``, ``batch_size`` and ``device``, they must hold the same data (dataset
+fingerprint) and all N shards once each; they are joined in shard order into the result of the
+unsharded run (``shard`` null, the data's own fingerprint).
 """
 
 from __future__ import annotations
@@ -27,6 +32,24 @@ from attrib_bench.results.typed import LayerScore, MethodResult, Result
 
 #: Config keys that may differ between the parts (they choose the examples or the hardware).
 PER_PART_CONFIG = frozenset({"dataset", "split", "limit", "batch_size", "device"})
+#: Config keys that may differ between the shards of one run (the data is the same).
+PER_SHARD_CONFIG = frozenset({"shard", "batch_size", "device"})
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"i/N"`` as (i, N), 1 <= i <= N: shard i of N (``run --shard``; which examples, see
+    ``attrib_bench.runner.engine.shard_examples``)."""
+    index, slash, count = str(text).strip().partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        i = n = 0
+    if not slash or n < 1 or not 1 <= i <= n:
+        raise UsageError(
+            f"--shard must be i/N with whole numbers 1 <= i <= N (2/4: the second of four "
+            f"shards), got {text!r}"
+        )
+    return i, n
 
 
 def _same(parts: Sequence[Result], what: str, value: Any) -> None:
@@ -42,11 +65,16 @@ def _check_mergeable(parts: Sequence[Result]) -> None:
     _same(parts, "references", lambda r: r.reference)
     _same(parts, "methods", lambda r: sorted(r.methods))
     _same(parts, "evaluators", lambda r: sorted(r.evaluators))
+    shards = _shards(parts)
+    _same_settings(parts, PER_PART_CONFIG if shards is None else PER_SHARD_CONFIG)
+    _same(parts, "package versions (code)", lambda r: r.provenance.get("packages"))
     _same(
         parts,
-        "settings",
-        lambda r: {k: v for k, v in r.config.items() if k not in PER_PART_CONFIG},
+        "code (provenance.code: attrib-bench's numeric core and the methods' plugin sources)",
+        lambda r: r.provenance.get("code"),
     )
+    if shards is not None:
+        _same(parts, "data (dataset fingerprint)", lambda r: r.provenance["dataset"]["fingerprint"])
     seen: dict[str, int] = {}
     for index, part in enumerate(parts):
         for example in part.example_ids:
@@ -56,12 +84,49 @@ def _check_mergeable(parts: Sequence[Result]) -> None:
                     f"{index + 1}; the parts must hold disjoint examples"
                 )
             seen[example] = index
+    if shards is not None:
+        count = shards[0][1]
+        missing = sorted(set(range(1, count + 1)) - {i for i, _ in shards})
+        if missing:
+            raise UsageError(
+                f"cannot merge: shard(s) {', '.join(f'{i}/{count}' for i in missing)} missing; "
+                f"merge all {count} shards of the run"
+            )
     corpus = [name for name, info in parts[0].evaluator_info.items() if info.get("corpus_level")]
     if corpus:
         raise UsageError(
             f"cannot merge {', '.join(corpus)}: a corpus-level score needs per-example parts "
             "that the result file does not hold; merge without it"
         )
+
+
+def _shards(parts: Sequence[Result]) -> list[tuple[int, int]] | None:
+    """Each part's (i, N) when the parts are shards, None when none is; refuses a mix."""
+    given = [part.config.get("shard") for part in parts]
+    if all(shard is None for shard in given):
+        return None
+    if any(shard is None for shard in given):
+        whole = [str(index + 1) for index, shard in enumerate(given) if shard is None]
+        raise UsageError(
+            f"cannot merge shards (--shard) with results that are not shards (parts "
+            f"{', '.join(whole)}): merge the shards of one run"
+        )
+    shards = [parse_shard(shard) for shard in given]
+    if len({count for _, count in shards}) > 1:
+        raise UsageError(f"cannot merge shards of different counts: {', '.join(given)}")
+    return shards
+
+
+def _same_settings(parts: Sequence[Result], free: frozenset[str]) -> None:
+    """The parts' configs agree on every key but ``free``; the first difference is named."""
+    first = parts[0].config
+    for index, part in enumerate(parts[1:], start=2):
+        for key in sorted((set(first) | set(part.config)) - free):
+            if first.get(key) != part.config.get(key):
+                raise UsageError(
+                    f"cannot merge results with different settings: {key} is "
+                    f"{first.get(key)!r} in part 1 and {part.config.get(key)!r} in part {index}"
+                )
 
 
 def _merged_pair(statuses: list[dict[str, Any]], rows: list[list[float]] | None) -> dict:
@@ -135,7 +200,7 @@ def _merge_method(
     return merged
 
 
-def _merge_provenance(parts: Sequence[Result]) -> dict[str, Any]:
+def _merge_provenance(parts: Sequence[Result], sharded: bool) -> dict[str, Any]:
     provenance = copy.deepcopy(parts[0].provenance)
     datasets = [part.provenance["dataset"] for part in parts]
     dataset = provenance["dataset"]
@@ -144,11 +209,14 @@ def _merge_provenance(parts: Sequence[Result]) -> dict[str, Any]:
         if all(key in d for d in datasets):
             dataset[key] = sum(d[key] for d in datasets)
     fingerprints = [d.get("fingerprint") for d in datasets]
-    dataset["fingerprint"] = hashlib.sha256(json.dumps(fingerprints).encode()).hexdigest()
+    if not sharded:  # shards share the data's fingerprint, kept as it is
+        dataset["fingerprint"] = hashlib.sha256(json.dumps(fingerprints).encode()).hexdigest()
     if all("next_token" in d for d in datasets):  # counts over disjoint parts add up
         counts = [d["next_token"] for d in datasets]
         merged = dataset["next_token"]
         for key in merged:
+            if key == "unmatched" and sharded:  # rows dropped before sharding: counted by each
+                continue
             if key != "paradigms":
                 merged[key] = sum(c.get(key, 0) for c in counts)
         merged["paradigms"] = dict(sum((Counter(c["paradigms"]) for c in counts), Counter()))
@@ -173,6 +241,9 @@ def _merge_cache(parts: Sequence[Result]) -> dict[str, Any] | None:
 def merge(parts: Sequence[Result]) -> Result:
     """The result of one run over the union of the parts' examples (see the module doc)."""
     _check_mergeable(parts)
+    shards = _shards(parts)
+    if shards is not None:  # in shard order, whatever order they were given in
+        parts = [part for _, part in sorted(zip(shards, parts, strict=True), key=lambda x: x[0])]
     seed = int(parts[0].config.get("seed", 0))
     sizes = [len(part.example_ids) for part in parts]
     first = parts[0]
@@ -191,6 +262,7 @@ def merge(parts: Sequence[Result]) -> Result:
             "split": part.provenance["dataset"].get("split"),
             "fingerprint": part.provenance["dataset"].get("fingerprint"),
             "examples": len(part.example_ids),
+            "shard": part.config.get("shard"),
         }
         for part in parts
     ]
@@ -209,8 +281,8 @@ def merge(parts: Sequence[Result]) -> Result:
     return Result(
         schema_version=first.schema_version,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        config=copy.deepcopy(first.config),
-        provenance=_merge_provenance(parts),
+        config=copy.deepcopy(first.config) | ({"shard": None} if shards is not None else {}),
+        provenance=_merge_provenance(parts, sharded=shards is not None),
         reference=first.reference,
         evaluators=evaluators,
         evaluator_info=copy.deepcopy(first.evaluator_info),

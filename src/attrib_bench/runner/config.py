@@ -38,6 +38,7 @@ STRINGS = (
     "device",
     "output",
     "target",
+    "shard",
 )
 INTEGERS = ("limit", "max_length", "seed", "batch_size", "agreement_k")
 SPEC_LISTS = ("attributors", "evaluators")

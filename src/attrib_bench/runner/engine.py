@@ -23,6 +23,7 @@ from attrib_bench.core.interfaces import (
     Attribution,
     Batch,
     EvalContext,
+    Example,
     compares_models,
     position_problem,
 )
@@ -36,6 +37,7 @@ from attrib_bench.model.load import LoadedModel, load_model, target_logits
 from attrib_bench.model.trace import Trace, default_target_position, trace_batch
 from attrib_bench.results import build_result
 from attrib_bench.results.agreement import DEFAULT_K, AgreementTally
+from attrib_bench.results.merge import parse_shard
 from attrib_bench.runner.memory import PeakMemory, standalone_megabytes
 
 DEFAULT_REFERENCE = "saliency"
@@ -75,6 +77,9 @@ class RunConfig:
     agreement_k: int = DEFAULT_K
     #: Whether the ``random`` floor joins the leaderboard when not selected (``--no-floor``).
     floor: bool = True
+    #: ``"i/N"``: only the i-th of N contiguous slices of the examples (``--shard``), for runs
+    #: on independent machines that ``attrib-bench merge`` joins; None: every example.
+    shard: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -174,6 +179,7 @@ def prepare(config: RunConfig, quiet: bool = False) -> Prepared:
         raise UsageError(f"--batch-size must be at least 1, got {config.batch_size}")
     if config.agreement_k < 0:
         raise UsageError(f"agreement_k must be at least 0 (0: off), got {config.agreement_k}")
+    shard = None if config.shard is None else parse_shard(config.shard)
     data = load_examples(
         config.dataset,
         config.split,
@@ -182,6 +188,8 @@ def prepare(config: RunConfig, quiet: bool = False) -> Prepared:
         config.label_column,
         config.limit,
     )
+    if shard is not None:  # before anything counted per example, so shard counts add up
+        data = dataclasses.replace(data, examples=shard_examples(data.examples, *shard))
     if data.next_tokens is None:  # the data alone decides: checked before the model loads
         target = target or DEFAULT_TARGET
         target.check_examples(data.examples)
@@ -218,6 +226,19 @@ def prepare(config: RunConfig, quiet: bool = False) -> Prepared:
     return Prepared(
         registry, loaded, data, batches, truncated, max_length, contentless, target, shared
     )
+
+
+def shard_examples(examples: list[Example], index: int, count: int) -> list[Example]:
+    """Shard ``index`` (1-based) of ``count``: examples [floor((i-1)E/N), floor(iE/N)), in
+    dataset order, so the shards partition the examples and keep their order."""
+    total = len(examples)
+    start, stop = (index - 1) * total // count, index * total // count
+    if start == stop:
+        raise UsageError(
+            f"shard {index}/{count} holds no example: the data has {total} example(s), so give "
+            f"at most {total} shard(s)"
+        )
+    return examples[start:stop]
 
 
 def check_model_kind(loaded: LoadedModel, data: LoadedData) -> None:
@@ -489,7 +510,21 @@ class SingleRun:
             )
         if self.cache is not None:
             document["cache"] = self.cache
+        document["provenance"]["code"] = self.code_digest()
         return document
+
+    def code_digest(self) -> str:
+        """A digest of the code behind the numbers (attrib-bench's numeric core and each
+        method's and evaluator's plugin source, as in the cache keys): ``merge`` refuses parts
+        whose digests differ."""
+        from attrib_bench.runner import cache as result_cache
+
+        core = result_cache.source_digest(
+            "attrib_bench.runner.engine", exclude=result_cache.PRESENTATION_MODULES
+        )
+        plugins = [m.attributor for m in self.methods] + list(self.evaluators.values())
+        sources = sorted({result_cache.source_digest(type(p).__module__) for p in plugins})
+        return result_cache.digest({"core": core, "plugins": sources})
 
 
 def run_benchmark(config: RunConfig, quiet: bool = False, cache: bool = True) -> dict[str, Any]:

@@ -1,0 +1,184 @@
+"""Sharded runs on independent machines: ``run --shard i/N`` takes one contiguous slice of the
+examples, and ``merge`` joins the shards into the result of the unsharded run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from attrib_bench.core.errors import UsageError
+from attrib_bench.results import Result
+
+#: Seeded methods and evaluators (seeded per example id) beside deterministic ones.
+ATTRIBUTORS = ["attention", "saliency", "random", "gradient-shap:samples=4,baselines=2,stdevs=0.1"]
+EVALUATORS = ["spearman", "comprehensiveness:ratios=0.2/0.5", "soft-comprehensiveness"]
+
+
+def run_args(tiny_bert: Path, output: Path, *extra: str) -> list[str]:
+    return [
+        "run", "--model", str(tiny_bert), "--dataset", "default", "--limit", "6",
+        "--attributors", ",".join(ATTRIBUTORS), "--evaluators", ",".join(EVALUATORS),
+        "--batch-size", "1", "--no-cache", "--quiet", "--output", str(output), *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_bert, tmp_path_factory) -> dict[str, Path]:
+    """The full run over six examples, its two shards (the second from a config file, so the
+    file's ``shard`` key is read as the flag is), and shard 2/2 with another seed.
+
+    One example per batch: a shard's length-sorted batches hold other companions than the full
+    run's, and padding to another length changes float32 rounding (on this model by at most
+    5e-9 in comprehensiveness at batch 16); alone, every example's numbers are bit for bit."""
+    from attrib_bench.cli import main
+
+    folder = tmp_path_factory.mktemp("shard")
+    config = folder / "second.toml"
+    config.write_text(
+        f'model = "{tiny_bert}"\ndataset = "default"\nlimit = 6\nbatch_size = 1\nshard = "2/2"\n'
+        f"attributors = {json.dumps(ATTRIBUTORS)}\nevaluators = {json.dumps(EVALUATORS)}\n"
+    )
+    outputs = {name: folder / f"{name}.json" for name in ("whole", "first", "second", "seed1")}
+    commands = {
+        "whole": run_args(tiny_bert, outputs["whole"]),
+        "first": run_args(tiny_bert, outputs["first"], "--shard", "1/2"),
+        "second": ["run", "--config", str(config), "--no-cache", "--quiet",
+                   "--output", str(outputs["second"])],
+        "seed1": run_args(tiny_bert, outputs["seed1"], "--shard", "2/2", "--seed", "1"),
+    }  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTRIB_BENCH_CACHE", str(folder / "cache"))  # never the user's cache
+        for name, command in commands.items():
+            assert main(command) == 0, name
+    return outputs
+
+
+def test_merging_two_shards_gives_the_full_run(runs, run_cli, tmp_path):
+    whole = Result.load(runs["whole"])
+    first, second = Result.load(runs["first"]), Result.load(runs["second"])
+    assert (first.config["shard"], second.config["shard"]) == ("1/2", "2/2")  # recorded
+    assert first.example_ids + second.example_ids == whole.example_ids
+    assert len(first.example_ids) == 3
+    # Seeds are per example, never per shard: each shard's numbers are the full run's.
+    for shard in (first, second):
+        rows = [whole.example_ids.index(i) for i in shard.example_ids]
+        for spec, method in whole.methods.items():
+            for evaluator, kinds in method.per_example.items():
+                for kind, layers in kinds.items():
+                    mine = shard.methods[spec].per_example[evaluator][kind]
+                    assert mine == [[layer[r] for r in rows] for layer in layers], (spec, kind)
+    merged_path = tmp_path / "all.json"
+    code, out, err = run_cli("merge", runs["second"], runs["first"], "--output", merged_path)
+    assert code == 0, err
+    assert out.strip() == f"merged 2 results (6 examples) into {merged_path}"
+    merged = Result.load(merged_path)
+    assert merged.example_ids == whole.example_ids  # shard order, whatever the given order
+    for spec, method in whole.methods.items():
+        assert merged.methods[spec].per_example == method.per_example, spec
+        assert merged.methods[spec].scores == method.scores, spec  # statistics recomputed
+        assert merged.methods[spec].evaluators == method.evaluators, spec
+    assert merged.paired == whole.paired
+    assert merged.config == whole.config  # shard null again: the unsharded run's settings
+    assert merged.provenance["dataset"] == whole.provenance["dataset"]  # fingerprint included
+    assert merged.provenance["code"] == whole.provenance["code"]
+    assert [p["shard"] for p in merged.extra["merged_from"]] == ["1/2", "2/2"]
+    code, out, err = run_cli("check", merged_path, "--baseline", runs["whole"])
+    assert code == 0 and "Config changes" not in out, out + err
+    code, out, _ = run_cli("check", runs["first"], "--baseline", runs["whole"])
+    assert code == 1 and "3 baseline example(s) missing" in out  # a shard is not the whole
+    assert '`shard`: `null` → `"1/2"`' in out
+    code, out, err = run_cli("report", merged_path, "--markdown")
+    assert code == 0 and "attention" in out, err
+
+
+def test_three_shards_of_seven_examples_partition_them_in_order(tiny_bert):
+    from attrib_bench.runner.engine import RunConfig, prepare
+
+    def ids(shard: str | None) -> list[str]:
+        config = RunConfig(model=str(tiny_bert), dataset="default", limit=7, shard=shard)
+        return [e.id for e in prepare(config, quiet=True).data.examples]
+
+    everything = ids(None)
+    shards = [ids(f"{i}/3") for i in (1, 2, 3)]
+    assert shards == [everything[0:2], everything[2:4], everything[4:7]]  # floor(i * 7 / 3)
+    with pytest.raises(UsageError, match=r"shard 1/3 holds no example: the data has 2"):
+        prepare(RunConfig(model=str(tiny_bert), dataset="default", limit=2, shard="1/3"))
+
+
+@pytest.mark.parametrize("value", ["0/2", "3/2", "a/b", "1/0", "2", "1/-1", "1/2/3"])
+def test_a_bad_shard_is_one_line_and_exit_2(value, tiny_bert, run_cli, tmp_path):
+    code, _, err = run_cli(*run_args(tiny_bert, tmp_path / "r.json", "--shard", value))
+    assert code == 2
+    assert err.strip().count("\n") == 0 and "--shard must be i/N" in err, err
+    assert repr(value) in err
+
+
+def test_an_empty_shard_is_exit_2(tiny_bert, run_cli, tmp_path):
+    args = run_args(tiny_bert, tmp_path / "r.json", "--shard", "1/4")
+    code, _, err = run_cli(*[("3" if a == "6" else a) for a in args])  # --limit 3: [0, 0)
+    assert code == 2 and "shard 1/4 holds no example" in err, err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_config_file_shard_must_be_a_string(tmp_path, run_cli):
+    config = tmp_path / "bench.toml"
+    config.write_text("shard = 2\n")
+    code, _, err = run_cli("run", "--config", config)
+    assert code == 2 and "shard must be a string, got 2" in err, err
+
+
+def edited(path: Path, folder: Path, name: str, change) -> Path:
+    """A copy of a result with one change made to its document."""
+    document = json.loads(path.read_text())
+    change(document)
+    copy = folder / name
+    copy.write_text(json.dumps(document))
+    return copy
+
+
+def test_merge_refuses_what_is_not_one_run(runs, run_cli, tmp_path):
+    first, second, whole = runs["first"], runs["second"], runs["whole"]
+    out = tmp_path / "all.json"
+
+    def refused(*parts: Path) -> str:
+        code, _, err = run_cli("merge", *parts, "--output", out)
+        assert code == 2 and err.strip().count("\n") == 0, err
+        assert not out.exists()
+        return err
+
+    assert "example id 'default-test-0' is in parts 1 and 2" in refused(first, first)
+    assert "seed is 0 in part 1 and 1 in part 2" in refused(first, runs["seed1"])
+    assert "shard(s) 2/2 missing" in refused(first)
+    assert "results that are not shards (parts 2)" in refused(first, whole)
+    other_model = edited(
+        second, tmp_path, "model.json",
+        lambda d: d["provenance"]["model"].update(weights_sha256="0" * 64),
+    )  # fmt: skip
+    assert "different model weights" in refused(first, other_model)
+    other_code = edited(second, tmp_path, "code.json", lambda d: d["provenance"].update(code="x"))
+    assert "different code" in refused(first, other_code)
+    other_data = edited(
+        second, tmp_path, "data.json",
+        lambda d: d["provenance"]["dataset"].update(fingerprint="0" * 64),
+    )  # fmt: skip
+    assert "different data (dataset fingerprint)" in refused(first, other_data)
+    thirds = edited(second, tmp_path, "thirds.json", lambda d: d["config"].update(shard="2/3"))
+    assert "shards of different counts: 1/2, 2/3" in refused(first, thirds)
+    assert "does not exist" in refused(first, tmp_path / "missing.json")
+    not_result = tmp_path / "other.json"
+    not_result.write_text('{"schema": "something else"}')
+    assert "is not an attrib-bench result" in refused(first, not_result)
+
+
+def test_the_api_takes_a_shard(tiny_bert):
+    import attrib_bench
+
+    settings = {"model": str(tiny_bert), "dataset": "default", "limit": 5, "cache": False}
+    settings |= {"attributors": ["attention"], "evaluators": ["spearman"], "agreement_k": 0}
+    document = attrib_bench.run(shard="2/2", **settings)
+    assert document["config"]["shard"] == "2/2"
+    assert document["example_ids"] == [f"default-test-{i}" for i in (2, 3, 4)]  # [5 // 2, 5)
+    with pytest.raises(UsageError, match="--shard must be i/N"):
+        attrib_bench.run(shard="0/2", **settings)
