@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # the shared model and table hel
 
 from evaluators import DATA, RESULTS, cell, run, sst2_model
 
+from attrib_bench.model.finetune import read_metadata
 from attrib_bench.results import write_json
 from attrib_bench.runner.engine import RunConfig
 
@@ -186,8 +187,8 @@ def main() -> None:
     )
     wall = time.perf_counter() - start
     document.pop("cache", None)  # this machine's cache paths: not part of the measurement
-    right = document.get("model_right")
-    accuracy = sum(right) / len(right) if right else None
+    document["wall_seconds"] = round(wall, 1)
+    accuracy = read_metadata(Path(model)).get("eval_accuracy")  # on all 872 dev sentences
     RESULTS.mkdir(exist_ok=True)
     write_json(document, RESULTS / "successors_sst2.json")
     text = markdown(document, accuracy, wall)

@@ -57,6 +57,37 @@ def run_plan(plan: RunPlan, quiet: bool = True) -> dict[str, Any]:
     return document
 
 
+def evaluate(
+    attributions: Path | str,
+    *,
+    method: str | None = None,
+    name: str | None = None,
+    reduce: str = "l2",
+    output: Path | str | None = None,
+    quiet: bool = True,
+    **settings: Any,
+) -> dict[str, Any]:
+    """Score attributions computed elsewhere (``attrib-bench evaluate``) and return the result
+    document; formats and settings in attrib_bench.runner.outside. ``settings`` are RunConfig
+    keys (``model``, ``dataset``, ``limit``, ``evaluators=[...]``, ``reference``, ``target``,
+    ...); the result is written to ``output`` when given."""
+    from attrib_bench.core.errors import UsageError
+    from attrib_bench.results import write_json
+    from attrib_bench.runner.engine import RunConfig
+    from attrib_bench.runner.outside import evaluate as evaluate_file
+
+    try:
+        config = RunConfig(**settings)
+    except TypeError as error:
+        raise UsageError(f"evaluate: {error}") from None
+    document = evaluate_file(
+        Path(attributions), config, method=method, name=name, reduce=reduce, quiet=quiet
+    )
+    if output is not None:
+        write_json(document, Path(output))
+    return document
+
+
 def load(results: Results) -> Result:
     """A result as a typed ``attrib_bench.results.Result``: from the path of its JSON file or a
     document (validated first), or a ``Result`` as is."""

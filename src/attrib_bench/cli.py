@@ -194,6 +194,46 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(attribute)
     attribute.add_argument("--output", type=Path, required=True, help="JSONL file to write")
 
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="score attributions computed elsewhere (no explainer run)",
+        description="Score a file of attributions (attrib-bench attribute JSONL; JSONL of "
+        "{id or text, tokens, scores}; a torch.save dict {id: tensor} or list in dataset order; "
+        "ERASER soft_rationale_predictions JSONL) with the evaluators, on the model and data "
+        "given; the result is a normal result JSON.",
+    )
+    evaluate.add_argument(
+        "--attributions", type=Path, required=True, help="the file (format detected)"
+    )
+    evaluate.add_argument("--model", help="the model the attributions explain")
+    _add_data_options(evaluate)
+    evaluate.add_argument("--max-length", type=int, help="truncate inputs to N tokens")
+    evaluate.add_argument(
+        "--evaluators",
+        type=_csv,
+        help="comma-separated evaluator specs (default: comprehensiveness,sufficiency)",
+    )
+    evaluate.add_argument(
+        "--reference",
+        help="reference for evaluators that read one (spearman): an attributor spec, run on "
+        "the data, or a name of the file's methods (default: saliency)",
+    )
+    evaluate.add_argument("--method", help="the method to score in an attribute JSONL of several")
+    evaluate.add_argument("--name", help="the method's name in the result (default: file stem)")
+    evaluate.add_argument(
+        "--reduce",
+        choices=("l2", "sum", "abs-sum"),
+        default="l2",
+        help="torch.save tensors (N, D): reduce D per token (default: l2)",
+    )
+    evaluate.add_argument("--batch-size", type=int, help="examples per batch (default: 16)")
+    evaluate.add_argument("--device", help="auto (default), cpu, cuda, cuda:1 ...")
+    evaluate.add_argument("--seed", type=int, help="seed for evaluators and CIs (default: 0)")
+    evaluate.add_argument("--target", help="attribution target, as for run (default: auto)")
+    evaluate.add_argument("--plugin", action="append", metavar="PATH.py")
+    evaluate.add_argument("--output", type=Path, help="write the result JSON here")
+    evaluate.add_argument("--quiet", action="store_true", help="no progress bars")
+
     finetune = commands.add_parser("finetune", help="fine-tune an encoder as a classifier")
     finetune.add_argument("--model", help="encoder hub id or local directory (default: MiniLM)")
     _add_data_options(finetune)
@@ -498,6 +538,38 @@ def _attribute(args: argparse.Namespace, out: Console) -> int:
     return ExitCode.OK if complete else ExitCode.PARTIAL
 
 
+def _evaluate(args: argparse.Namespace, out: Console) -> int:
+    from dataclasses import fields
+
+    from attrib_bench.api import evaluate
+    from attrib_bench.reports.leaderboard import leaderboard
+    from attrib_bench.results import exit_status
+    from attrib_bench.runner.engine import RunConfig
+
+    keys = {f.name for f in fields(RunConfig)}  # the flags given, as RunConfig takes them
+    given = {key: value for key, value in vars(args).items() if value is not None}
+    settings = {key: value for key, value in given.items() if key in keys}
+    if args.plugin:
+        settings["plugins"] = args.plugin
+    document = evaluate(
+        args.attributions,
+        method=args.method,
+        name=args.name,
+        reduce=args.reduce,
+        output=args.output,
+        quiet=args.quiet,
+        **settings,
+    )
+    for name, evaluator in document["evaluators"].items():
+        if evaluator["status"] == "ok":
+            out.print(leaderboard(document, name))
+        else:
+            out.print(f"[red]evaluator {name} failed:[/] {escape(str(evaluator['error']))}")
+    if args.output:
+        stderr.print(f"results written to {args.output}")
+    return ExitCode.OK if exit_status(document) else ExitCode.PARTIAL
+
+
 def _seed_list(value: str) -> list[int]:
     """``--seeds 0,1,2``: distinct integers, at least one."""
     items = [item.strip() for item in value.split(",")]
@@ -643,6 +715,7 @@ COMMANDS = {
     "list": _list,
     "run": _run,
     "attribute": _attribute,
+    "evaluate": _evaluate,
     "finetune": _finetune,
     "identifiability": _identifiability,
     "similarity": _similarity,
@@ -665,7 +738,9 @@ def _quiet_libraries() -> None:
 
 
 #: Commands that load models or data (the others read JSON or the plugin registry only).
-HEAVY_COMMANDS = frozenset({"run", "attribute", "finetune", "identifiability", "similarity"})
+HEAVY_COMMANDS = frozenset(
+    {"run", "attribute", "evaluate", "finetune", "identifiability", "similarity"}
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

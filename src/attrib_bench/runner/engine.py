@@ -451,18 +451,22 @@ def selected_specs(registry: Registry, attributors: Sequence[str] | None) -> lis
 
 
 def leaderboard_methods(
-    registry: Registry, attributors: Sequence[str] | None, reference: str, floor: bool = True
+    registry: Registry,
+    attributors: Sequence[str] | None,
+    reference: str,
+    floor: bool = True,
+    with_reference: bool = True,
 ) -> tuple[list[MethodState], str]:
-    """The selected methods (or the defaults), plus the reference and (unless ``floor`` is
-    False) the floor when absent; and the spec the reference runs under (a selected spec that
-    is the same method, if any)."""
+    """The selected methods (or the defaults), plus the reference (unless ``with_reference``
+    is False: no evaluator reads it) and (unless ``floor`` is False) the floor when absent; and
+    the spec the reference runs under (a selected spec that is the same method, if any)."""
     specs = selected_specs(registry, attributors)
     methods = [MethodState(spec, registry.attributor(spec)) for spec in specs]
     wanted = _same_method(registry, reference)
     reference = next((s for s in specs if _same_method(registry, s) == wanted), None) or str(
         Spec.parse(reference)
     )
-    if reference not in specs:
+    if with_reference and reference not in specs:
         methods.append(MethodState(reference, registry.attributor(reference), added_as="reference"))
     names = {Spec.parse(m.spec).name for m in methods}
     if floor and FLOOR in registry.attributors and FLOOR not in names:
@@ -546,10 +550,12 @@ def run_single(
     keep_rows: bool = False,
     description: str = "attributing",
     prepared: Prepared | None = None,
+    with_reference: bool = True,
 ) -> SingleRun:
     """One model's run (see :func:`run_benchmark`); ``keep_rows`` keeps every method's rows
     per example (``MethodState.rows``) for evaluators that compare models; ``prepared``: the
-    config's prepared inputs, when the caller has them already.
+    config's prepared inputs, when the caller has them already; ``with_reference`` False
+    leaves the reference out unless selected (``evaluate`` with no evaluator that reads it).
     ``config.evaluators == []`` scores nothing (a run only for the rows)."""
     from attrib_bench.runner import cache as result_cache
 
@@ -559,7 +565,7 @@ def run_single(
     prepared = prepare(config, quiet) if prepared is None else prepared
     registry = prepared.registry
     methods, reference_spec = leaderboard_methods(
-        registry, config.attributors, config.reference, config.floor
+        registry, config.attributors, config.reference, config.floor, with_reference
     )
     tally = None
     if config.agreement_k:  # agreement between every two methods (results.agreement)
@@ -577,7 +583,7 @@ def run_single(
                 f"evaluator {name} compares models: give them with --models A,B[,...] "
                 "(seed models of one architecture)"
             )
-    reference_method = next(m for m in methods if m.spec == reference_spec)
+    reference_method = next((m for m in methods if m.spec == reference_spec), None)
     evaluator_errors: dict[str, str] = {}
     store = None
     batches = prepared.batches
@@ -608,14 +614,15 @@ def run_single(
                 method.keep_rows(results[method.spec], trace.batch)
         _tally_rows(tally, methods, trace.batch, keep_rows)
         reference = results.get(reference_spec)
-        if reference is None and store is not None and reference_method.error is None:
+        ready = reference_method is not None and reference_method.error is None
+        if reference is None and store is not None and ready:
             reference = store.attribution(reference_spec, trace.batch)  # not run on this batch
         for name, evaluator in evaluators.items():
             if name in evaluator_errors:
                 continue
             if evaluator.needs_reference and reference is None:
                 evaluator_errors[name] = f"reference {reference_spec} failed: " + str(
-                    reference_method.error
+                    getattr(reference_method, "error", "not run")
                 )
                 continue
             _evaluate(

@@ -1,0 +1,421 @@
+"""``attrib-bench evaluate``: score attributions another tool computed, with no explainer run.
+
+A file's scores become one or more *file attributors*: each returns, for a traced batch, the
+rows the file holds for its examples, so the runner, the evaluators, the statistics and the
+result document treat them as any method (each batch still gets one plain forward pass, which
+the removal evaluators read). Formats, detected from the file:
+
+- ``attribute``: the JSONL ``attrib-bench attribute`` writes (``id, tokens, method, aggregated,
+  local``), one method per ``method`` (``--method`` keeps one);
+- ``generic``: JSONL ``{"id" or "text", "tokens", "scores"}``, scores one per token (one row) or
+  a list of rows (layers), and an optional ``target`` class index;
+- ``captum``: a ``torch.save`` file of a dict ``{id: tensor}`` or a list of tensors in dataset
+  order, each (N,) or (N, D) over the example's N tokens (special tokens included; a leading
+  batch dimension of 1 is dropped), D reduced by ``reduce`` (the gradient plugin's choices);
+- ``eraser``: ERASER JSONL ``{"annotation_id", "rationales": [{"soft_rationale_predictions"}]}``,
+  one score per word of ``text.split()``: every sub-token of a word gets the word's score (the
+  ERASER / ferret convention), special tokens, padding and a pair's second text 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from attrib_bench.core import console
+from attrib_bench.core.errors import UsageError, unknown_choice
+from attrib_bench.core.interfaces import Attribution, Batch, Example
+from attrib_bench.core.registry import Registered, Registry, Spec
+from attrib_bench.model.trace import Trace
+from attrib_bench.runner.engine import Prepared, RunConfig, prepare, run_single
+
+FORMATS = ("attribute", "generic", "captum", "eraser")
+REDUCTIONS = ("l2", "sum", "abs-sum")
+#: What ``evaluate`` scores without ``--evaluators``: the faithfulness pair, which needs no
+#: reference (the registry's default, spearman, would run a reference explainer).
+DEFAULT_EVALUATORS = ("comprehensiveness", "sufficiency")
+
+
+@dataclass
+class Rows:
+    """One example's scores as a file gives them, before they meet the tokenizer."""
+
+    aggregated_LN: np.ndarray
+    local_LN: np.ndarray | None = None
+    tokens: list[str] | None = None
+    #: ERASER: per-word scores, spread over each word's sub-tokens (``aggregated_LN`` unused).
+    words: np.ndarray | None = None
+    target: int | None = None
+
+
+@dataclass
+class FileMethod:
+    """One method's rows in a file, keyed by example id (or by text, ``by_text``)."""
+
+    rows: dict[str, Rows] = field(default_factory=dict)
+    by_text: bool = False
+    #: The registry spec the rows came from (``attribute`` files), whose explained target the
+    #: removal evaluators then score.
+    spec: str | None = None
+
+
+def _lines(path: Path) -> list[dict]:
+    records = []
+    with path.open() as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                raise UsageError(f"{path}: line {number} is not JSON") from None
+            if not isinstance(record, dict):
+                raise UsageError(f"{path}: line {number} is not a JSON object")
+            records.append(record)
+    if not records:
+        raise UsageError(f"attributions file {str(path)!r} holds no records")
+    return records
+
+
+def detect_format(path: Path) -> str:
+    """The file's format from its first bytes (torch.save: zip or pickle) or first record."""
+    with path.open("rb") as handle:
+        head = handle.read(2)
+    if head in (b"PK", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05"):
+        return "captum"
+    first = _lines(path)[0]
+    if "method" in first and ("aggregated" in first or "error" in first):
+        return "attribute"
+    if "annotation_id" in first and "rationales" in first:
+        return "eraser"
+    if "scores" in first and ("id" in first or "text" in first):
+        return "generic"
+    raise UsageError(
+        f"{path}: unknown attributions format (first record has keys {sorted(first)}); expected "
+        "attrib-bench attribute JSONL, {id or text, tokens, scores} JSONL, ERASER JSONL "
+        "(annotation_id, rationales) or a torch.save file"
+    )
+
+
+def _matrix(values: Any, where: str) -> np.ndarray:
+    """Scores as rows (L, N): a flat list is one row."""
+    try:
+        array = np.asarray(values, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise UsageError(f"{where}: scores are not numbers") from None
+    if array.ndim == 1:
+        array = array[None, :]
+    if array.ndim != 2 or array.shape[0] < 1:
+        raise UsageError(f"{where}: scores must be a list per token or a list of such rows")
+    return array
+
+
+def _read_attribute(path: Path, method: str | None) -> dict[str, FileMethod]:
+    methods: dict[str, FileMethod] = {}
+    failed: dict[str, str] = {}
+    for record in _lines(path):
+        if "error" in record:
+            failed[record["method"]] = record["error"]
+            continue
+        spec = record["method"]
+        where = f"{path}: example {record['id']!r} of {spec}"
+        local = record.get("local")
+        rows = Rows(
+            _matrix(record["aggregated"], where),
+            None if local is None else _matrix(local, where),
+            tokens=record["tokens"],
+        )
+        methods.setdefault(spec, FileMethod(spec=spec)).rows[str(record["id"])] = rows
+    for spec, error in failed.items():
+        console.warn(f"{spec} failed when the file was written and is not scored: {error}")
+    if method is not None:
+        wanted = str(Spec.parse(method))
+        if wanted not in methods:
+            raise unknown_choice(f"method in {path}", wanted, methods)
+        return {wanted: methods[wanted]}
+    if not methods:
+        raise UsageError(f"{path}: no method has attributions (all failed)")
+    return methods
+
+
+def _read_generic(path: Path) -> FileMethod:
+    method = FileMethod()
+    records = _lines(path)
+    method.by_text = "id" not in records[0]
+    for number, record in enumerate(records, 1):
+        key = "text" if method.by_text else "id"
+        if key not in record or "tokens" not in record or "scores" not in record:
+            raise UsageError(f"{path}: line {number} lacks {key!r}, 'tokens' or 'scores'")
+        target = record.get("target")
+        if target is not None and not isinstance(target, int):
+            raise UsageError(f"{path}: line {number}: target must be a class index")
+        where = f"{path}: example {record[key]!r}"
+        method.rows[str(record[key])] = Rows(
+            _matrix(record["scores"], where), tokens=list(record["tokens"]), target=target
+        )
+    targets = {rows.target is None for rows in method.rows.values()}
+    if len(targets) > 1:
+        raise UsageError(f"{path}: give a target for every example or for none")
+    return method
+
+
+def _reduce(values: torch.Tensor, reduce: str) -> torch.Tensor:
+    """(N, D) -> (N,) as the gradient plugin reduces the hidden dimension."""
+    if reduce == "l2":
+        return values.norm(dim=-1)
+    if reduce == "sum":
+        return values.sum(dim=-1)
+    return values.abs().sum(dim=-1)
+
+
+def _read_captum(path: Path, reduce: str, examples: list[Example]) -> FileMethod:
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise UsageError(f"{path}: not a readable torch.save file ({error})") from None
+    if isinstance(loaded, (list, tuple)):
+        if len(loaded) != len(examples):
+            raise UsageError(
+                f"{path}: a list of {len(loaded)} tensors, but the data has {len(examples)} "
+                "examples (a list is read in dataset order; save a dict {id: tensor} instead)"
+            )
+        loaded = {e.id: values for e, values in zip(examples, loaded, strict=True)}
+    if not isinstance(loaded, dict):
+        raise UsageError(
+            f"{path}: holds a {type(loaded).__name__}; expected a dict {{id: tensor}} or a list "
+            "of tensors in dataset order"
+        )
+    method = FileMethod()
+    for key, values in loaded.items():
+        if not isinstance(values, torch.Tensor):
+            raise UsageError(f"{path}: example {key!r} is a {type(values).__name__}, not a tensor")
+        values = values.detach().float()
+        if values.dim() >= 2 and values.shape[0] == 1:
+            values = values[0]
+        if values.dim() == 2:
+            values = _reduce(values, reduce)
+        if values.dim() != 1:
+            raise UsageError(
+                f"{path}: example {key!r} has shape {tuple(values.shape)}; expected (N,) or (N, D)"
+            )
+        method.rows[str(key)] = Rows(values.numpy()[None, :])
+    return method
+
+
+def _read_eraser(path: Path) -> FileMethod:
+    method = FileMethod()
+    for record in _lines(path):
+        soft = [r for r in record["rationales"] if r.get("soft_rationale_predictions") is not None]
+        if not soft:
+            raise UsageError(
+                f"{path}: annotation {record['annotation_id']!r} has no soft_rationale_predictions"
+            )
+        words = np.asarray(soft[0]["soft_rationale_predictions"], dtype=np.float32)
+        method.rows[str(record["annotation_id"])] = Rows(np.zeros((1, 0)), words=words)
+    return method
+
+
+def read_file(
+    path: Path, fmt: str, examples: list[Example], method: str | None, reduce: str
+) -> dict[str, FileMethod]:
+    """The file's methods by spec (one, keyed None, for formats holding a single method)."""
+    if method is not None and fmt != "attribute":
+        raise UsageError(f"--method picks a method of an attribute JSONL; {path} is {fmt}")
+    if fmt == "attribute":
+        return _read_attribute(path, method)
+    if fmt == "generic":
+        return {"": _read_generic(path)}
+    if fmt == "captum":
+        return {"": _read_captum(path, reduce, examples)}
+    return {"": _read_eraser(path)}
+
+
+def _tokens_problem(expected: list[str], given: list[str]) -> str | None:
+    for position, (want, got) in enumerate(zip(expected, given, strict=False)):
+        if want != got:
+            return f"token {position} is {got!r} in the file, {want!r} under the tokenizer"
+    if len(expected) != len(given):
+        return f"{len(given)} tokens in the file, {len(expected)} under the tokenizer"
+    return None
+
+
+class FileAttributor:
+    """An attributor whose scores are read from a file: no computation, no trace fields."""
+
+    requires: frozenset[str] = frozenset()
+
+    def __init__(self, name: str, method: FileMethod, source: Path, own: Any = None) -> None:
+        self.name = name
+        self.description = f"scores read from {source}"
+        self.method = method
+        #: The registry method behind an ``attribute`` file's rows (its explained target).
+        self.own = own
+        self.rows: dict[str, Rows] = {}
+
+    def check(self, prepared: Prepared) -> None:
+        """Every example's rows, found and checked against its tokens before any pass: one
+        line naming the first missing or mismatching example."""
+        for batch in prepared.batches:
+            for row, example in enumerate(batch.examples):
+                key = example.text if self.method.by_text else example.id
+                found = self.method.rows.get(key)
+                if found is None:
+                    what = "text" if self.method.by_text else "id"
+                    raise UsageError(
+                        f"{self.name}: no attributions for example {example.id!r} (by {what}) "
+                        "in the file"
+                    )
+                self.rows[example.id] = self._fitted(found, batch, row, example)
+
+    def _fitted(self, rows: Rows, batch: Batch, row: int, example: Example) -> Rows:
+        tokens = batch.tokens[row]
+        where = f"{self.name}: example {example.id!r}"
+        if rows.words is not None:
+            words = example.text.split()
+            if len(rows.words) != len(words):
+                raise UsageError(
+                    f"{where}: {len(rows.words)} word scores, but the text has {len(words)} words"
+                )
+            word_ids = batch.word_ids_BN[row, : len(tokens)].numpy()
+            spread = np.where(word_ids >= 0, rows.words[np.clip(word_ids, 0, None)], 0.0)
+            return Rows(spread[None, :].astype(np.float32))
+        if rows.tokens is not None:
+            problem = _tokens_problem(tokens, rows.tokens)
+            if problem is not None:
+                raise UsageError(f"{where}: {problem}")
+        for matrix in (rows.aggregated_LN, rows.local_LN):
+            if matrix is not None and matrix.shape[1] != len(tokens):
+                raise UsageError(
+                    f"{where}: {matrix.shape[1]} scores per row, but the tokenizer gives "
+                    f"{len(tokens)} tokens"
+                )
+        return rows
+
+    def attribute(self, trace: Trace) -> Attribution:
+        batch = trace.batch
+        B, N = batch.input_ids_BN.shape
+        found = [self.rows[e.id] for e in batch.examples]
+        kinds = {}
+        for kind in ("aggregated_LN", "local_LN"):
+            matrices = [getattr(rows, kind) for rows in found]
+            if any(m is None for m in matrices):
+                continue
+            layers = {m.shape[0] for m in matrices}
+            if len(layers) > 1:
+                raise UsageError(f"{self.name}: examples hold different numbers of rows")
+            out_BLN = torch.zeros(B, layers.pop(), N)
+            for b, matrix in enumerate(matrices):
+                out_BLN[b, :, : matrix.shape[1]] = torch.from_numpy(matrix)
+            kinds[kind] = out_BLN.to(batch.input_ids_BN.device)
+        return Attribution(kinds["aggregated_LN"], kinds.get("local_LN"))
+
+    def explained_target(self, trace: Trace) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The file's own target per example where it gives one, else its method's, else the
+        run's (what the removal evaluators score: core.interfaces.scored_classes)."""
+        if self.own is not None and callable(getattr(self.own, "explained_target", None)):
+            return self.own.explained_target(trace)
+        targets = [self.rows[e.id].target for e in trace.batch.examples]
+        if any(t is None for t in targets):
+            return trace.target_classes_B, trace.target_foils_B
+        return torch.tensor(targets, device=trace.batch.input_ids_BN.device), None
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _method_names(path: Path, methods: dict[str, FileMethod], name: str | None) -> list[str]:
+    """Names for the file's methods: ``--name`` (or the file stem) for one, ``NAME/method``
+    (the spec's name) for several; never a registry spec, which would hide a built-in."""
+    base = name or path.stem
+    if len(methods) == 1:
+        return [base]
+    names = [f"{base}/{Spec.parse(spec).name}" for spec in methods]
+    if len(set(names)) < len(names):
+        raise UsageError(
+            f"{path} holds several settings of one method ({', '.join(methods)}): pick one "
+            "with --method SPEC"
+        )
+    return names
+
+
+def _own_method(registry: Registry, spec: str | None) -> Any:
+    """The installed method an ``attribute`` file names, if any (its explained target)."""
+    if spec is None or Spec.parse(spec).name not in registry.attributors:
+        return None
+    return registry.attributor(spec)
+
+
+def _register(registry: Registry, attributors: list[FileAttributor], path: Path) -> None:
+    for attributor in attributors:
+        if attributor.name in registry.attributors:
+            raise UsageError(
+                f"{attributor.name!r} is a registered attributor: name the file's method "
+                "otherwise with --name"
+            )
+        registry.attributors[attributor.name] = Registered(attributor, f"file {path}")
+
+
+def evaluate(
+    attributions: Path,
+    config: RunConfig,
+    *,
+    method: str | None = None,
+    name: str | None = None,
+    reduce: str = "l2",
+    quiet: bool = False,
+) -> dict[str, Any]:
+    """Score a file's attributions on ``config``'s model and data; the result document.
+
+    ``config.attributors`` is ignored; ``config.evaluators`` None scores DEFAULT_EVALUATORS.
+    The reference runs only when a selected evaluator reads it (it may name a file method).
+    No cache: the file is the only source of the scores.
+    """
+    path = Path(attributions)
+    if not path.is_file():
+        raise UsageError(f"attributions file {str(path)!r} does not exist")
+    if reduce not in REDUCTIONS:
+        raise unknown_choice("--reduce", reduce, REDUCTIONS)
+    fmt = detect_format(path)
+    reference = config.reference
+    evaluators = list(config.evaluators or DEFAULT_EVALUATORS)
+    base = dataclasses.replace(
+        config, attributors=None, evaluators=evaluators, floor=False, reference="saliency"
+    )
+    prepared = prepare(base, quiet)
+    registry = prepared.registry
+    methods = read_file(path, fmt, prepared.data.examples, method, reduce)
+    names = _method_names(path, methods, name)
+    attributors = [
+        FileAttributor(n, m, path, own=_own_method(registry, m.spec))
+        for n, m in zip(names, methods.values(), strict=True)
+    ]
+    _register(registry, attributors, path)
+    for attributor in attributors:
+        attributor.check(prepared)
+    if Spec.parse(reference).name not in registry.attributors:
+        raise unknown_choice("reference attributor", reference, registry.attributors)
+    needs = any(getattr(registry.evaluator(s), "needs_reference", False) for s in evaluators)
+    run_config = dataclasses.replace(base, attributors=names, reference=reference)
+    document = run_single(
+        run_config, quiet, cache=False, prepared=prepared, with_reference=needs
+    ).document()
+    document["provenance"]["attributions"] = {
+        "file": str(path),
+        "format": fmt,
+        "sha256": sha256(path),
+        "methods": dict(zip(names, [m.spec for m in methods.values()], strict=True)),
+        **({"reduce": reduce} if fmt == "captum" else {}),
+    }
+    return document

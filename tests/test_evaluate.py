@@ -1,0 +1,180 @@
+"""``attrib-bench evaluate``: attributions from a file score as the run that computed them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from attrib_bench.core.registry import load_registry
+from attrib_bench.runner.engine import RunConfig, prepare
+from attrib_bench.runner.outside import FileAttributor, read_file
+
+DATA = ("--dataset", "default", "--limit", "4", "--quiet")
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.fixture(scope="module")
+def attributed(tiny_bert, tmp_path_factory) -> Path:
+    """``attribute`` output of saliency and rollout on four default examples."""
+    from attrib_bench.cli import main
+
+    output = tmp_path_factory.mktemp("attributed") / "mine.jsonl"
+    methods = ("--attributors", "saliency,rollout")
+    code = main(["attribute", "--model", str(tiny_bert), *DATA, *methods, "--output", str(output)])
+    assert code == 0
+    return output
+
+
+def _evaluate(run_cli, model: Path, path: Path, out: Path, *extra: str) -> dict:
+    code, _, err = run_cli(
+        "evaluate", "--model", model, *DATA, "--attributions", path, "--output", out, *extra
+    )
+    assert code == 0, err
+    return json.loads(out.read_text())
+
+
+def test_evaluate_scores_an_attribute_file_as_run_did(tiny_bert, attributed, run_cli, tmp_path):
+    evaluators = ("--evaluators", "comprehensiveness,sufficiency,spearman")
+    run_json = tmp_path / "run.json"
+    code, _, err = run_cli(
+        "run", "--model", tiny_bert, *DATA, "--attributors", "saliency,rollout", *evaluators,
+        "--no-floor", "--no-cache", "--output", run_json,
+    )  # fmt: skip
+    assert code == 0, err
+    ran = json.loads(run_json.read_text())
+    scored = _evaluate(run_cli, tiny_bert, attributed, tmp_path / "ev.json", *evaluators)
+    for spec in ("saliency", "rollout"):
+        per_example = scored["methods"][f"mine/{spec}"]["per_example"]
+        assert per_example == ran["methods"][spec]["per_example"]
+        assert set(per_example) == {"comprehensiveness", "sufficiency", "spearman"}
+    assert scored["methods"]["saliency"]["added_as_reference"]  # run for spearman
+    assert scored["provenance"]["attributions"]["format"] == "attribute"
+    # A normal result: the gate and the report take it.
+    code, _, err = run_cli("check", tmp_path / "ev.json", "--baseline", tmp_path / "ev.json")
+    assert code == 0, err
+    code, out, err = run_cli("report", tmp_path / "ev.json", "--markdown")
+    assert code == 0, err
+    assert "mine/rollout" in out
+
+
+def test_every_format_gives_the_same_numbers_from_the_same_scores(
+    tiny_bert, attributed, run_cli, tmp_path
+):
+    rows = [r for r in _records(attributed) if r["method"] == "rollout"]
+    by_id = {r["id"]: r for r in rows}
+    last = {r["id"]: r["aggregated"][-1] for r in rows}  # one row per example
+    generic = _write_jsonl(
+        tmp_path / "generic.jsonl",
+        [{"id": i, "tokens": by_id[i]["tokens"], "scores": s} for i, s in last.items()],
+    )
+    config = RunConfig(model=str(tiny_bert), dataset="default", limit=4)
+    examples = prepare(config, quiet=True).data.examples
+    texts = {e.id: e.text for e in examples}
+    by_text = _write_jsonl(
+        tmp_path / "by_text.jsonl",
+        [{"text": texts[i], "tokens": by_id[i]["tokens"], "scores": s} for i, s in last.items()],
+    )
+    as_dict = tmp_path / "captum_dict.pt"
+    torch.save({i: torch.tensor(s) for i, s in last.items()}, as_dict)
+    as_list = tmp_path / "captum_list.pt"  # (1, N, D) per example, in dataset order, D summed
+    torch.save(
+        [torch.stack([torch.tensor(last[e.id]), torch.zeros(len(last[e.id]))], -1)[None]
+         for e in examples],
+        as_list,
+    )  # fmt: skip
+    layered = _write_jsonl(
+        tmp_path / "layered.jsonl",
+        [{"id": r["id"], "tokens": r["tokens"], "scores": r["aggregated"]} for r in rows],
+    )
+
+    wanted = _evaluate(run_cli, tiny_bert, attributed, tmp_path / "own.json", "--method", "rollout")
+    assert list(wanted["methods"]) == ["mine"]  # no reference evaluator: no reference run
+    assert set(wanted["evaluators"]) == {"comprehensiveness", "sufficiency"}
+    own = wanted["methods"]["mine"]["per_example"]
+    expected = {name: [kinds["aggregated"][-1]] for name, kinds in own.items()}
+    for path, extra in (
+        (generic, ()),
+        (by_text, ()),
+        (as_dict, ()),
+        (as_list, ("--reduce", "sum")),
+    ):
+        document = _evaluate(run_cli, tiny_bert, path, tmp_path / f"{path.stem}.json", *extra)
+        per_example = document["methods"][path.stem]["per_example"]
+        assert {n: [k["aggregated"][-1]] for n, k in per_example.items()} == expected, path
+    every_layer = _evaluate(run_cli, tiny_bert, layered, tmp_path / "layered.json")
+    assert every_layer["methods"]["layered"]["per_example"] == {
+        name: {"aggregated": kinds["aggregated"]} for name, kinds in own.items()
+    }
+
+
+def test_eraser_word_scores_spread_to_every_sub_token(tiny_bert, tmp_path):
+    config = RunConfig(model=str(tiny_bert), dataset="default", limit=1)
+    prepared = prepare(config, quiet=True)
+    example = prepared.data.examples[0]
+    tokens = prepared.batches[0].tokens[0]
+    # The hand check below is for this sentence: "cookbook" is two sub-tokens.
+    assert example.text == "the critics regretted the cookbook last weekend ."
+    assert tokens == [
+        "[CLS]", "the", "critics", "regretted", "the", "cook", "##book", "last", "weekend",
+        ".", "[SEP]",
+    ]  # fmt: skip
+    words = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+    path = _write_jsonl(
+        tmp_path / "eraser.jsonl",
+        [
+            {
+                "annotation_id": example.id,
+                "rationales": [{"docid": "d", "soft_rationale_predictions": words}],
+                "classification": "POS",
+            }
+        ],
+    )
+    (method,) = read_file(path, "eraser", prepared.data.examples, None, "l2").values()
+    attributor = FileAttributor("eraser", method, path)
+    attributor.check(prepared)
+    spread = attributor.rows[example.id].aggregated_LN
+    np.testing.assert_array_equal(spread, [[0, 1, 2, 3, 4, 5, 5, 6, 7, 8, 0]])
+
+
+def _one_line_error(run_cli, model: Path, path: Path) -> str:
+    code, _, err = run_cli("evaluate", "--model", model, *DATA, "--attributions", path)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_bad_files_fail_with_one_line(tiny_bert, attributed, run_cli, tmp_path):
+    rows = [r for r in _records(attributed) if r["method"] == "saliency"]
+    wrong = [dict(r) for r in rows]
+    first = wrong[0]
+    first["tokens"] = [*first["tokens"][:2], "banana", *first["tokens"][3:]]
+    err = _one_line_error(run_cli, tiny_bert, _write_jsonl(tmp_path / "wrong.jsonl", wrong))
+    assert repr(first["id"]) in err and "token 2 is 'banana'" in err
+
+    missing = _write_jsonl(tmp_path / "missing.jsonl", rows[1:])
+    err = _one_line_error(run_cli, tiny_bert, missing)
+    assert f"no attributions for example {rows[0]['id']!r}" in err
+
+    unknown = _write_jsonl(tmp_path / "unknown.jsonl", [{"foo": 1}])
+    assert "unknown attributions format" in _one_line_error(run_cli, tiny_bert, unknown)
+
+
+def test_file_methods_never_shadow_a_registered_attributor(tiny_bert, attributed, run_cli):
+    assert "saliency" in load_registry([]).attributors
+    code, _, err = run_cli(
+        "evaluate", "--model", tiny_bert, *DATA, "--attributions", attributed,
+        "--method", "saliency", "--name", "saliency",
+    )  # fmt: skip
+    assert code == 2 and "is a registered attributor" in err
