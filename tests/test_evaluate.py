@@ -169,6 +169,9 @@ def test_bad_files_fail_with_one_line(tiny_bert, attributed, run_cli, tmp_path):
 
     unknown = _write_jsonl(tmp_path / "unknown.jsonl", [{"foo": 1}])
     assert "unknown attributions format" in _one_line_error(run_cli, tiny_bert, unknown)
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(b"\xff\xfe\x00binary")
+    assert "neither JSONL nor a torch.save file" in _one_line_error(run_cli, tiny_bert, garbage)
 
 
 def test_file_methods_never_shadow_a_registered_attributor(tiny_bert, attributed, run_cli):
@@ -178,3 +181,33 @@ def test_file_methods_never_shadow_a_registered_attributor(tiny_bert, attributed
         "--method", "saliency", "--name", "saliency",
     )  # fmt: skip
     assert code == 2 and "is a registered attributor" in err
+
+
+def test_the_class_scored_is_the_one_the_file_explains(tiny_bert, run_cli, tmp_path):
+    """An attribute file's method keeps its own target; a generic file's ``target`` wins."""
+    gold = ("--attributors", "saliency:target=gold")
+    own = tmp_path / "gold.jsonl"
+    assert run_cli("attribute", "--model", tiny_bert, *DATA, *gold, "--output", own)[0] == 0
+    run_json = tmp_path / "run.json"
+    code, _, err = run_cli(
+        "run", "--model", tiny_bert, *DATA, *gold, "--evaluators", "comprehensiveness",
+        "--no-floor", "--no-cache", "--output", run_json,
+    )  # fmt: skip
+    assert code == 0, err
+    wanted = json.loads(run_json.read_text())["methods"]["saliency:target=gold"]["per_example"]
+    evaluators = ("--evaluators", "comprehensiveness")
+    scored = _evaluate(run_cli, tiny_bert, own, tmp_path / "own.json", *evaluators)
+    assert scored["methods"]["gold"]["per_example"] == wanted
+
+    config = RunConfig(model=str(tiny_bert), dataset="default", limit=4)
+    labels = {e.id: e.label for e in prepare(config, quiet=True).data.examples}
+    rows = _records(own)
+    records = [{"id": r["id"], "tokens": r["tokens"], "scores": r["aggregated"]} for r in rows]
+    targeted = _write_jsonl(
+        tmp_path / "targeted.jsonl", [{**r, "target": labels[r["id"]]} for r in records]
+    )
+    untargeted = _write_jsonl(tmp_path / "untargeted.jsonl", records)
+    document = _evaluate(run_cli, tiny_bert, targeted, tmp_path / "t.json", *evaluators)
+    assert document["methods"]["targeted"]["per_example"] == wanted
+    document = _evaluate(run_cli, tiny_bert, untargeted, tmp_path / "u.json", *evaluators)
+    assert document["methods"]["untargeted"]["per_example"] != wanted  # the predicted class

@@ -18,6 +18,7 @@ _EXPORTS = {
     "run": "attrib_bench.api",
     "check": "attrib_bench.api",
     "report": "attrib_bench.api",
+    "evaluate": "attrib_bench.api",
     "load": "attrib_bench.api",
     "ArchitectureSpec": "attrib_bench.core.architecture_spec",
     "Configurable": "attrib_bench.core.configurable",
@@ -55,6 +56,7 @@ __all__ = [
     "UsageError",
     "__version__",
     "check",
+    "evaluate",
     "hookimpl",
     "load",
     "report",
@@ -62,7 +64,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from attrib_bench.api import check, load, report, run
+    from attrib_bench.api import check, evaluate, load, report, run
     from attrib_bench.core.architecture_spec import ArchitectureSpec
     from attrib_bench.core.configurable import Configurable
     from attrib_bench.core.errors import ExitCode, UsageError

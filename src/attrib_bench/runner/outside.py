@@ -90,7 +90,14 @@ def detect_format(path: Path) -> str:
         head = handle.read(2)
     if head in (b"PK", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05"):
         return "captum"
-    first = _lines(path)[0]
+    try:  # a decoding error is a ValueError too
+        with path.open() as handle:
+            line = next((line for line in handle if line.strip()), None)
+        first = json.loads(line) if line is not None else None
+    except ValueError:
+        first = None
+    if not isinstance(first, dict):
+        raise UsageError(f"{path}: neither JSONL nor a torch.save file")
     if "method" in first and ("aggregated" in first or "error" in first):
         return "attribute"
     if "annotation_id" in first and "rationales" in first:
@@ -228,13 +235,17 @@ def read_file(
     """The file's methods by spec (one, keyed None, for formats holding a single method)."""
     if method is not None and fmt != "attribute":
         raise UsageError(f"--method picks a method of an attribute JSONL; {path} is {fmt}")
-    if fmt == "attribute":
-        return _read_attribute(path, method)
-    if fmt == "generic":
-        return {"": _read_generic(path)}
-    if fmt == "captum":
-        return {"": _read_captum(path, reduce, examples)}
-    return {"": _read_eraser(path)}
+    try:
+        if fmt == "attribute":
+            return _read_attribute(path, method)
+        if fmt == "generic":
+            return {"": _read_generic(path)}
+        if fmt == "captum":
+            return {"": _read_captum(path, reduce, examples)}
+        return {"": _read_eraser(path)}
+    except (KeyError, TypeError) as error:  # a record without a field its format needs
+        message = f"{path}: a {fmt} record is malformed ({error!r} missing or wrong)"
+        raise UsageError(message) from None
 
 
 def _tokens_problem(expected: list[str], given: list[str]) -> str | None:
