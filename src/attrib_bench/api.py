@@ -25,7 +25,7 @@ def run(
     output: Path | str | None = None,
     quiet: bool = True,
     **settings: Any,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """Run a benchmark and return its result document (the JSON schema's content as a dict;
     ``load`` gives it as a ``Result``).
 
@@ -33,7 +33,8 @@ def run(
     (``model``, ``dataset``, ``split``, ``limit``, ``attributors=[...]``, ``evaluators=[...]``,
     ``reference``, ``seed``, ``target``, ``batch_size``, ``device``, ``plugins=[...]``,
     ``shard="i/N"``, ``cache=False``). The result is written to ``output`` (or the file's
-    ``output``) when one is given.
+    ``output``) when one is given. Under torchrun or accelerate launch only rank 0 gets it;
+    the other processes get None.
     """
     from attrib_bench.runner.config import make_plan
 
@@ -42,16 +43,24 @@ def run(
     return run_plan(make_plan(config, settings), quiet=quiet)
 
 
-def run_plan(plan: RunPlan, quiet: bool = True) -> dict[str, Any]:
+def run_plan(plan: RunPlan, quiet: bool = True) -> dict[str, Any] | None:
     """Run a resolved plan (a config merged with overrides): fine-tune if it says so, run,
-    and write the result where the plan says."""
+    and write the result where the plan says. Under torchrun or accelerate launch each process
+    runs its shard and rank 0 alone gets (and writes) the merged result; the others get None
+    (attrib_bench.runner.distributed)."""
     from attrib_bench.results import write_json
     from attrib_bench.runner.config import build_model
+    from attrib_bench.runner.distributed import launched, run_sharded
     from attrib_bench.runner.models import run_config
 
-    plan = build_model(plan, quiet=quiet)
-    document = run_config(plan.config, quiet=quiet, cache=plan.cache)
-    document.update(plan.extra)
+    if launched():
+        document = run_sharded(plan, quiet)
+        if document is None:
+            return None
+    else:
+        plan = build_model(plan, quiet=quiet)
+        document = run_config(plan.config, quiet=quiet, cache=plan.cache)
+        document.update(plan.extra)
     if plan.output is not None:
         write_json(document, plan.output)
     return document

@@ -446,6 +446,8 @@ def _run(args: argparse.Namespace, out: Console) -> int:
 
     plan = plan_run(args)
     document = run_plan(plan, quiet=args.quiet)
+    if document is None:  # not rank 0 of a launched run: rank 0 prints and writes
+        return ExitCode.OK
     for name, evaluator in document["evaluators"].items():
         if evaluator["status"] == "ok":
             out.print(leaderboard(document, name))

@@ -1,0 +1,78 @@
+"""Runs spread over processes by a launcher: ``torchrun`` or ``accelerate launch``.
+
+``torchrun --nproc-per-node N -m attrib_bench run ...`` (or ``accelerate launch -m attrib_bench
+run ...``) starts N copies of the command. Each finds the launcher's environment (WORLD_SIZE >
+1), joins the process group through Hugging Face Accelerate's ``PartialState`` (gloo on CPUs,
+NCCL on GPUs, one GPU per process: ``cuda:LOCAL_RANK``) and runs the shard ``--shard
+rank+1/N`` of the examples: a normal single-process run over a contiguous slice, with per-example
+seeds and per-example cache entries, so a crashed process resumes from its cache. The results
+are gathered to rank 0, which merges them (``attrib_bench.results.merge``: statistics computed
+after the merge) and alone prints and writes the result. The model is built (fine-tuned, when
+the run says so) by rank 0 first, the others then reading it from the cache.
+
+Per-example numbers equal a single-process run's exactly where the batches do: a shard batches
+its own examples by length, so at batch size > 1 an example may get other companions than in
+one process, which can move the last float bits (an example's result does not depend on its
+companions otherwise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import TYPE_CHECKING, Any
+
+from attrib_bench.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from attrib_bench.runner.config import RunPlan
+
+#: The variables launchers set for the size of the job (torchrun and accelerate: WORLD_SIZE).
+WORLD_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
+
+
+def launched() -> bool:
+    """Whether a launcher started this process as one of several."""
+    return any(int(os.environ.get(name, "1")) > 1 for name in WORLD_VARIABLES)
+
+
+def _state(device: str) -> tuple[Any, str]:
+    """Accelerate's process state (the process group joined) and this process's device."""
+    try:
+        import torch
+        from accelerate import PartialState
+    except ImportError as error:
+        raise UsageError(
+            "a run under torchrun or accelerate launch needs Accelerate: pip install "
+            "'attrib-bench[distributed]'"
+        ) from error
+    gpus = device in ("auto", "cuda") and torch.cuda.is_available()
+    state = PartialState(cpu=not gpus)
+    return state, f"cuda:{state.local_process_index}" if gpus else "cpu"
+
+
+def run_sharded(plan: RunPlan, quiet: bool) -> dict[str, Any] | None:
+    """This process's shard of ``plan``; the merged result on rank 0, None on the others."""
+    from accelerate.utils import gather_object
+
+    from attrib_bench.results import Result, merge
+    from attrib_bench.runner.config import build_model
+    from attrib_bench.runner.models import run_config
+
+    if plan.config.shard is not None:
+        raise UsageError("--shard picks a shard by hand; under a launcher every process has one")
+    if plan.config.models:
+        raise UsageError("a run over several models (--models) runs in one process")
+    state, device = _state(plan.config.device)
+    main = state.is_main_process
+    with state.main_process_first():  # one fine-tune, the others read it from the cache
+        plan = build_model(plan, quiet=quiet or not main)
+    shard = f"{state.process_index + 1}/{state.num_processes}"
+    config = dataclasses.replace(plan.config, shard=shard, device=device)
+    document = run_config(config, quiet=quiet or not main, cache=plan.cache)
+    documents = gather_object([document])
+    if not main:
+        return None
+    merged = merge([Result.from_document(part) for part in documents]).to_document()
+    merged.update(plan.extra)
+    return merged

@@ -1,0 +1,55 @@
+"""A run under torchrun with two gloo processes on the CPU equals the single-process run: every
+per-example number, the statistics (computed after the merge) and the example ids; rank 0
+alone writes the result."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from attrib_bench.results import Result
+
+ARGS = (
+    "run", "--attributors", "attention,rollout,saliency,random",
+    "--evaluators", "spearman,comprehensiveness:ratios=0.2/0.5",
+    "--limit", "6", "--batch-size", "1", "--device", "cpu", "--no-cache", "--quiet",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_bert, tmp_path_factory) -> dict[str, Result]:
+    from attrib_bench.cli import main
+
+    folder = tmp_path_factory.mktemp("distributed")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ATTRIB_BENCH_CACHE": str(folder / "cache")}
+    single, launched = folder / "single.json", folder / "launched.json"
+    arguments = [*ARGS, "--model", str(tiny_bert)]
+    assert main([*arguments, "--output", str(single)]) == 0  # this process: no launcher
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    done = subprocess.run(
+        [*torchrun, "-m", "attrib_bench", *arguments, "--output", str(launched)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {"single": Result.load(single), "launched": Result.load(launched), "out": done.stdout}
+
+
+def test_two_processes_give_the_single_process_numbers(runs):
+    single, launched = runs["single"], runs["launched"]
+    assert launched.example_ids == single.example_ids
+    assert [part["shard"] for part in launched.extra["merged_from"]] == ["1/2", "2/2"]
+    for spec, method in single.methods.items():
+        assert launched.methods[spec].per_example == method.per_example, spec
+        assert launched.methods[spec].scores == method.scores, spec
+    assert launched.paired == single.paired
+    assert launched.config["shard"] is None
+
+
+def test_rank_zero_alone_prints_the_leaderboard(runs):
+    assert runs["out"].count("spearman vs saliency") == 1
