@@ -57,7 +57,7 @@ import attrib_bench
 from attrib_bench import Attribution, Configurable, Trace, TraceField, UsageError
 
 if TYPE_CHECKING:
-    from attrib_bench.model.architectures import EncoderAdapter, LayerNormParams
+    from attrib_bench.model.architectures import EncoderAdapter, LayerNormParams, LayerParams
     from attrib_bench.model.load import LoadedModel
 
 #: The feed-forward's two linear layers inside each encoder layer, by model type.
@@ -213,13 +213,13 @@ class Traced:
 
 def attention_vectors(
     adapter: EncoderAdapter,
+    params: LayerParams,
     traced: Traced,
     layer: int,
     previous_BNKD: torch.Tensor | None,
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """Attention and the first residual, before LN1, with the attention biases split."""
-    params = adapter.layer_params(layer)
     attention_BHNK = traced.attentions[layer].to(dtype)
     output_weight_HED = params.output_weight_HED.to(dtype)
     if previous_BNKD is None:  # the first layer: x^0_(j<-k) = [j = k] x_j
@@ -262,7 +262,7 @@ def layer_vectors(
             traced.activations[layer].to(dtype), traced.pre_activations[layer].to(dtype)
         ),
     )
-    mixed_BNKD = attention_vectors(adapter, traced, layer, previous_BNKD, dtype)
+    mixed_BNKD = attention_vectors(adapter, params, traced, layer, previous_BNKD, dtype)
     ln1_BNKD = layer_norm_vectors(mixed_BNKD, traced.pre_ln1[layer], params.ln1)
     del mixed_BNKD
     batch, tokens, keys, _ = ln1_BNKD.shape

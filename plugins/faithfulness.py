@@ -67,14 +67,14 @@ import numpy as np
 import torch
 
 import attrib_bench
-from attrib_bench import Attribution, Configurable, EvalContext, Trace, UsageError
+from attrib_bench import Attribution, Configurable, EvalContext, UsageError
 from attrib_bench.core.interfaces import scored_classes
 from attrib_bench.model.trace import trace_batch
 from attrib_bench.toolkit.erasure import (
     CACHE_KEY,
     REMOVALS,
+    erased_log_probs,
     explained,
-    forward_erased,
     resolve_removal,
 )
 from attrib_bench.toolkit.ranking import ROUNDINGS, rationale_mask, scored_row
@@ -157,10 +157,11 @@ class Erasure(Configurable, ABC):
             (r, b): (removal, b, erase_RBN[r, b].tobytes())
             for r, b in zip(*np.nonzero(run_RB & scoreable_B[None]), strict=True)
         }
-        cache = trace.shared.setdefault(CACHE_KEY, {})
-        todo = {key: where for where, key in keys.items() if key not in cache}
-        if todo:
-            self._run(trace, removal, erase_RBN, todo, cache)
+        from attrib_bench.model.load import target_logits  # transformers: not at `list` time
+
+        cache = erased_log_probs(
+            trace, list(keys.values()), self.params["chunk_tokens"], target_logits
+        )
         out_RBC = np.repeat(
             torch.log_softmax(trace.logits_BC.double(), dim=-1).cpu().numpy()[None],
             len(erase_RBN),
@@ -171,34 +172,6 @@ class Erasure(Configurable, ABC):
         out_RBC[:, ~scoreable_B] = np.nan
         out_RBC[~evaluated_RB] = np.nan
         return out_RBC
-
-    def _run(
-        self, trace: Trace, removal: str, erase_RBN: np.ndarray, todo: dict, cache: dict
-    ) -> None:
-        """Batched passes of at most ``chunk_tokens`` tokens over the variants in ``todo``."""
-        from attrib_bench.model.load import target_logits  # transformers: not at `list` time
-
-        batch = trace.batch
-        inputs = batch.model_inputs()
-        positions_BN = trace.loaded.position_ids(batch.input_ids_BN)
-        if positions_BN is not None:
-            inputs["position_ids"] = positions_BN
-        erase_RBN = torch.as_tensor(erase_RBN, device=batch.input_ids_BN.device)
-        variants = list(todo.items())  # (cache key, (ratio, example))
-        step = max(1, self.params["chunk_tokens"] // batch.input_ids_BN.shape[1])
-        for start in range(0, len(variants), step):
-            chunk = variants[start : start + step]
-            ratio_index = torch.tensor([int(r) for _, (r, _) in chunk])
-            example_index = torch.tensor([int(b) for _, (_, b) in chunk])
-            variant_inputs = {name: t[example_index] for name, t in inputs.items()}
-            erase_VN = erase_RBN[ratio_index, example_index]
-            positions_V = trace.target_positions_B[example_index]
-            special_VN = batch.special_tokens_mask_BN[example_index]
-            log_probs = forward_erased(
-                trace, variant_inputs, erase_VN, removal, positions_V, target_logits, special_VN
-            )
-            for (key, _), values in zip(chunk, log_probs.cpu().numpy(), strict=True):
-                cache[key] = values
 
     def evaluated(self, rationale_RBN: np.ndarray) -> np.ndarray:
         """(R, B) True at the steps that count: every step here (see ``AOPC``)."""

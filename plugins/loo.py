@@ -38,11 +38,10 @@ import attrib_bench
 from attrib_bench import Attribution, Configurable, EvalContext, Trace, UsageError
 from attrib_bench.core.interfaces import scored_classes
 from attrib_bench.toolkit.erasure import (
-    CACHE_KEY,
     REMOVALS,
     candidates,
+    erased_log_probs,
     explained,
-    forward_erased,
     resolve_removal,
 )
 from attrib_bench.toolkit.ranking import scored_row
@@ -57,15 +56,14 @@ def loo_log_probs(trace: Trace, removal: str, chunk_tokens: int) -> np.ndarray:
     """
     candidates_BN = candidates(trace)
     N = candidates_BN.shape[1]
-    cache = trace.shared.setdefault(CACHE_KEY, {})
+    from attrib_bench.model.load import target_logits  # transformers: not at `list` time
+
     keys = {}  # (example, token) -> faithfulness's cache key of erasing that token alone
     for b, j in zip(*np.nonzero(candidates_BN), strict=True):
         erase_N = np.zeros(N, dtype=bool)
         erase_N[j] = True
         keys[int(b), int(j)] = (removal, int(b), erase_N.tobytes())
-    todo = {key: where for where, key in keys.items() if key not in cache}
-    if todo:
-        _run_single_erasures(trace, removal, chunk_tokens, todo, cache)
+    cache = erased_log_probs(trace, list(keys.values()), chunk_tokens, target_logits)
     original_BC = torch.log_softmax(trace.logits_BC.double(), dim=-1).cpu().numpy()
     erased_NBC = np.repeat(original_BC[None], N, axis=0)  # (token left out, example, class)
     for (b, j), key in keys.items():
@@ -83,38 +81,6 @@ def loo_drops(
     drops_BN = (before_1B - explained(trace, erased_NBC, target)).T
     drops_BN[~candidates(trace)] = np.nan
     return drops_BN
-
-
-def _run_single_erasures(
-    trace: Trace, removal: str, chunk_tokens: int, variants: dict, cache: dict
-) -> None:
-    """Run the (example, token) erasures in ``variants`` as passes of at most ``chunk_tokens``
-    tokens, storing each variant's log-probabilities under its key."""
-    from attrib_bench.model.load import target_logits  # transformers: not at `list` time
-
-    batch = trace.batch
-    inputs = batch.model_inputs()
-    positions_BN = trace.loaded.position_ids(batch.input_ids_BN)
-    if positions_BN is not None:
-        inputs["position_ids"] = positions_BN
-    N = batch.input_ids_BN.shape[1]
-    device = batch.input_ids_BN.device
-    items = list(variants.items())
-    step = max(1, chunk_tokens // N)
-    for start in range(0, len(items), step):
-        chunk = items[start : start + step]
-        examples = torch.tensor([b for _, (b, _) in chunk], device=device)
-        tokens = torch.tensor([j for _, (_, j) in chunk], device=device)
-        erase_VN = torch.zeros(len(chunk), N, dtype=torch.bool, device=device)
-        erase_VN[torch.arange(len(chunk), device=device), tokens] = True
-        variant_inputs = {name: t[examples] for name, t in inputs.items()}
-        positions_V = trace.target_positions_B[examples]
-        special_VN = batch.special_tokens_mask_BN[examples]
-        log_probs = forward_erased(
-            trace, variant_inputs, erase_VN, removal, positions_V, target_logits, special_VN
-        )
-        for (key, _), values in zip(chunk, log_probs.cpu().numpy(), strict=True):
-            cache[key] = values
 
 
 def kendall_tau_b(scores: np.ndarray, loo: np.ndarray) -> float:

@@ -174,6 +174,46 @@ def forward_erased(
     return torch.log_softmax(logits.double(), dim=-1)
 
 
+def erased_log_probs(
+    trace: Trace,
+    keys: list[tuple[str, int, bytes]],
+    chunk_tokens: int,
+    target_logits: Callable[..., torch.Tensor],
+) -> dict:
+    """The batch's shared erasure cache (``trace.shared[CACHE_KEY]``) with every key in
+    ``keys`` filled: a key is (removal, example, the erased-token mask's bytes), so bins,
+    evaluators and methods that erase the same tokens of an example share one model call. The
+    missing ones run as batched passes of at most ``chunk_tokens`` tokens (``forward_erased``).
+    """
+    cache = trace.shared.setdefault(CACHE_KEY, {})
+    todo = list(dict.fromkeys(key for key in keys if key not in cache))
+    batch = trace.batch
+    inputs = batch.model_inputs()
+    positions_BN = trace.loaded.position_ids(batch.input_ids_BN)
+    if positions_BN is not None:
+        inputs["position_ids"] = positions_BN
+    device = batch.input_ids_BN.device
+    step = max(1, chunk_tokens // batch.input_ids_BN.shape[1])
+    for start in range(0, len(todo), step):
+        chunk = todo[start : start + step]
+        examples = torch.tensor([example for _, example, _ in chunk], device=device)
+        erase_VN = torch.as_tensor(
+            np.stack([np.frombuffer(mask, dtype=bool) for _, _, mask in chunk]), device=device
+        )
+        log_probs = forward_erased(
+            trace,
+            {name: t[examples] for name, t in inputs.items()},
+            erase_VN,
+            chunk[0][0],
+            trace.target_positions_B[examples],
+            target_logits,
+            batch.special_tokens_mask_BN[examples],
+        )
+        for key, values in zip(chunk, log_probs.cpu().numpy(), strict=True):
+            cache[key] = values
+    return cache
+
+
 def explained(
     trace: Trace,
     log_probs_RBC: np.ndarray,
