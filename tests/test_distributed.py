@@ -28,7 +28,9 @@ def runs(tiny_bert, tmp_path_factory) -> dict[str, Result]:
     single, launched = folder / "single.json", folder / "launched.json"
     arguments = [*ARGS, "--model", str(tiny_bert)]
     assert main([*arguments, "--output", str(single)]) == 0  # this process: no launcher
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    # --standalone: a free port of its own, never one another job holds
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    torchrun += ["--nproc-per-node", "2"]
     done = subprocess.run(
         [*torchrun, "-m", "attrib_bench", *arguments, "--output", str(launched)],
         env=env,
