@@ -193,12 +193,23 @@ def kit_family(loaded, monkeypatch) -> str:
     return model_type
 
 
+#: The sampling methods with fewer samples: what the kit checks per family (positions, baselines,
+#: batch independence) does not depend on the count, and the defaults cost 40 s over 7 families
+#: (tests/test_conformance.py runs them with their defaults).
+FEWER_SAMPLES = {
+    "shapley-value-sampling": "shapley-value-sampling:samples=3",
+    "kernel-shap": "kernel-shap:samples=24",
+    "lime": "lime:samples=24",
+}
+
+
 def test_every_builtin_attributor_conforms(kit_family):
     """The kit's checks (the runner's own, determinism, each example alone as in a padded
     batch) for every built-in attributor, on this family's tiny model."""
     registry = load_registry()
     for name in builtin_names("attributors"):
-        report = check_attributor(registry.attributor(name), families=(kit_family,))
+        spec = FEWER_SAMPLES.get(name, name)
+        report = check_attributor(registry.attributor(spec), families=(kit_family,))
         assert not report.skipped, (name, report.skipped)
         assert report.shapes[kit_family]["aggregated"][1] in (1, 2), name
 
