@@ -35,9 +35,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluators import DATA, sst2_model  # the same cached SST-2 classifier
 
+from attrib_bench.core.cache_dir import cache_root
 from attrib_bench.core.registry import Spec
 from attrib_bench.data.load import load_examples
-from attrib_bench.model.finetune import cache_root, read_metadata
+from attrib_bench.model.finetune import read_metadata
 from attrib_bench.results import write_json
 from attrib_bench.runner.attribute import write_attributions
 from attrib_bench.runner.engine import RunConfig, run_benchmark

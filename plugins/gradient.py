@@ -135,8 +135,35 @@ class _EmbeddingGradient(Configurable, ABC):
         return Attribution(aggregated_BLN=scores_BN[:, None, :])
 
 
+def _gradient_and_activation(
+    trace: Trace, layer: torch.nn.Module, classes_B: torch.Tensor, foils_B: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The explained score's gradient at ``layer``'s output and that output, (B, N, D) each,
+    from one forward and one backward pass: Captum's LayerGradientXActivation without the
+    multiplication gives the gradient, a hook on ``layer`` keeps its output."""
+    from captum.attr import LayerGradientXActivation  # captum imports matplotlib: 0.6 s
+
+    kept = []
+    handle = layer.register_forward_hook(lambda _m, _a, output: kept.append(output.detach()))
+    try:
+        method = LayerGradientXActivation(
+            scored_forward(trace.loaded), layer, multiply_by_inputs=False
+        )
+        gradient = method.attribute(
+            trace.batch.input_ids_BN, **captum_arguments(trace, classes_B, foils_B)
+        )
+    finally:
+        handle.remove()
+    return gradient, kept[0]
+
+
 class Saliency(_EmbeddingGradient):
-    """Gradient x input (the GlobEnc reference saliency)."""
+    """Gradient x input (the GlobEnc reference saliency).
+
+    ``saliency`` and ``gradient`` on one batch share one forward and backward pass (the trace's
+    memo, keyed by everything that changes the gradient: the layer and the explained classes
+    and foils); each is still charged that pass's time, as if run alone.
+    """
 
     name = "saliency"
     description = "Gradient x input at the embedding output, L2 per token (Captum)"
@@ -145,16 +172,13 @@ class Saliency(_EmbeddingGradient):
     def per_dimension(
         self, trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None
     ) -> torch.Tensor:
-        from captum.attr import LayerGradientXActivation  # captum imports matplotlib: 0.6 s
-
-        method = LayerGradientXActivation(
-            scored_forward(trace.loaded),
-            self.layer(trace),
-            multiply_by_inputs=self.multiply_by_inputs,
+        foils = None if foils_B is None else foils_B.tolist()
+        key = f"gradient/layer-gradient/{self.params['layer']}/{classes_B.tolist()}/{foils}"
+        gradient, activation = trace.memo(
+            key, lambda: _gradient_and_activation(trace, self.layer(trace), classes_B, foils_B)
         )
-        return method.attribute(
-            trace.batch.input_ids_BN, **captum_arguments(trace, classes_B, foils_B)
-        )
+        # Captum's LayerGradientXActivation multiplies the same two tensors the same way.
+        return gradient * activation if self.multiply_by_inputs else gradient
 
 
 class Gradient(Saliency):
@@ -170,15 +194,26 @@ class IntegratedGradients(_EmbeddingGradient):
     runs from a content-free input of the same length to the real one. Captum embeds the
     baseline by running the model on its token ids, so both runs get the real input's position
     ids: RoBERTa-family models would otherwise renumber the baseline's tokens around its [PAD]s.
+
+    ``internal_batch_size`` is Captum's: the sequences (examples x path steps) in one forward
+    and backward pass. Its default, 0, means the batch's own size: one path step per pass, so
+    peak memory grows with ``--batch-size`` and not with ``steps``. A larger value puts several
+    steps in a pass (Captum rounds it down to whole steps; below the batch size it is the batch
+    size). The chunking changes only the order in which the steps' gradients are summed.
     """
 
     name = "integrated-gradients"
     description = "Integrated Gradients on the embeddings, [PAD] baseline (Captum; steps=50)"
-    parameters = {**_EmbeddingGradient.parameters, "steps": 50, "internal_batch_size": 256}
+    parameters = {**_EmbeddingGradient.parameters, "steps": 50, "internal_batch_size": 0}
 
     def validate(self) -> None:
         if self.params["steps"] < 1:
             raise UsageError(f"integrated-gradients:steps must be >= 1, got {self.params}")
+        if self.params["internal_batch_size"] < 0:
+            raise UsageError(
+                "integrated-gradients:internal_batch_size must be >= 0 (0: the batch size), "
+                f"got {self.params['internal_batch_size']}"
+            )
 
     def per_dimension(
         self, trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None
@@ -194,7 +229,8 @@ class IntegratedGradients(_EmbeddingGradient):
                 trace, classes_B, foils_B, trace.loaded.position_ids(batch.input_ids_BN)
             ),
             n_steps=self.params["steps"],
-            internal_batch_size=self.params["internal_batch_size"],
+            # Captum warns, then uses the batch size, when asked for fewer sequences than that.
+            internal_batch_size=max(self.params["internal_batch_size"], len(batch.input_ids_BN)),
         )
 
 

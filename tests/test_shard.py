@@ -1,5 +1,6 @@
 """Sharded runs on independent machines: ``run --shard i/N`` takes one contiguous slice of the
-examples, and ``merge`` joins the shards into the result of the unsharded run."""
+run's length-sorted batches, and ``merge`` joins the shards into the result of the unsharded run,
+in dataset order."""
 
 from __future__ import annotations
 
@@ -20,24 +21,21 @@ def run_args(tiny_bert: Path, output: Path, *extra: str) -> list[str]:
     return [
         "run", "--model", str(tiny_bert), "--dataset", "default", "--limit", "6",
         "--attributors", ",".join(ATTRIBUTORS), "--evaluators", ",".join(EVALUATORS),
-        "--batch-size", "1", "--no-cache", "--quiet", "--output", str(output), *extra,
+        "--batch-size", "2", "--no-cache", "--quiet", "--output", str(output), *extra,
     ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def runs(tiny_bert, tmp_path_factory) -> dict[str, Path]:
-    """The full run over six examples, its two shards (the second from a config file, so the
-    file's ``shard`` key is read as the flag is), and shard 2/2 with another seed.
-
-    One example per batch: a shard's length-sorted batches hold other companions than the full
-    run's, and padding to another length changes float32 rounding (on this model by at most
-    5e-9 in comprehensiveness at batch 16); alone, every example's numbers are bit for bit."""
+    """The full run over six examples in three batches of two, its two shards (the second from a
+    config file, so the file's ``shard`` key is read as the flag is), and shard 2/2 with another
+    seed."""
     from attrib_bench.cli import main
 
     folder = tmp_path_factory.mktemp("shard")
     config = folder / "second.toml"
     config.write_text(
-        f'model = "{tiny_bert}"\ndataset = "default"\nlimit = 6\nbatch_size = 1\nshard = "2/2"\n'
+        f'model = "{tiny_bert}"\ndataset = "default"\nlimit = 6\nbatch_size = 2\nshard = "2/2"\n'
         f"attributors = {json.dumps(ATTRIBUTORS)}\nevaluators = {json.dumps(EVALUATORS)}\n"
     )
     outputs = {name: folder / f"{name}.json" for name in ("whole", "first", "second", "seed1")}
@@ -59,8 +57,12 @@ def test_merging_two_shards_gives_the_full_run(runs, run_cli, tmp_path):
     whole = Result.load(runs["whole"])
     first, second = Result.load(runs["first"]), Result.load(runs["second"])
     assert (first.config["shard"], second.config["shard"]) == ("1/2", "2/2")  # recorded
-    assert first.example_ids + second.example_ids == whole.example_ids
-    assert len(first.example_ids) == 3
+    # Whole batches: [0, 1) and [1, 3) of the three; each shard's examples in dataset order.
+    assert sorted(first.example_ids + second.example_ids) == sorted(whole.example_ids)
+    assert (len(first.example_ids), len(second.example_ids)) == (2, 4)
+    for shard in (first, second):
+        positions = [whole.example_ids.index(i) for i in shard.example_ids]
+        assert shard.provenance["dataset"]["positions"] == positions == sorted(positions)
     # Seeds are per example, never per shard: each shard's numbers are the full run's.
     for shard in (first, second):
         rows = [whole.example_ids.index(i) for i in shard.example_ids]
@@ -87,24 +89,35 @@ def test_merging_two_shards_gives_the_full_run(runs, run_cli, tmp_path):
     code, out, err = run_cli("check", merged_path, "--baseline", runs["whole"])
     assert code == 0 and "Config changes" not in out, out + err
     code, out, _ = run_cli("check", runs["first"], "--baseline", runs["whole"])
-    assert code == 1 and "3 baseline example(s) missing" in out  # a shard is not the whole
+    assert code == 1 and "4 baseline example(s) missing" in out  # a shard is not the whole
     assert '`shard`: `null` → `"1/2"`' in out
     code, out, err = run_cli("report", merged_path, "--markdown")
     assert code == 0 and "attention" in out, err
 
 
-def test_three_shards_of_seven_examples_partition_them_in_order(tiny_bert):
+def test_three_shards_hold_the_full_runs_batches(tiny_bert):
+    """Seven examples in four batches of two: the shards hold batches [0, 1), [1, 2), [2, 4)
+    (floor(i * 4 / 3)), each batch exactly as the full run batches it, so every number is the
+    full run's at any batch size."""
     from attrib_bench.runner.engine import RunConfig, prepare
 
-    def ids(shard: str | None) -> list[str]:
-        config = RunConfig(model=str(tiny_bert), dataset="default", limit=7, shard=shard)
-        return [e.id for e in prepare(config, quiet=True).data.examples]
+    def batches(shard: str | None, limit: int = 7) -> tuple[list[list[str]], list[str]]:
+        config = RunConfig(
+            model=str(tiny_bert), dataset="default", limit=limit, batch_size=2, shard=shard
+        )
+        prepared = prepare(config, quiet=True)
+        return [[e.id for e in b.examples] for b in prepared.batches], [
+            e.id for e in prepared.data.examples
+        ]
 
-    everything = ids(None)
-    shards = [ids(f"{i}/3") for i in (1, 2, 3)]
-    assert shards == [everything[0:2], everything[2:4], everything[4:7]]  # floor(i * 7 / 3)
-    with pytest.raises(UsageError, match=r"shard 1/3 holds no example: the data has 2"):
-        prepare(RunConfig(model=str(tiny_bert), dataset="default", limit=2, shard="1/3"))
+    everything, order = batches(None)
+    shards = [batches(f"{i}/3") for i in (1, 2, 3)]
+    assert [batched for batched, _ in shards] == [everything[0:1], everything[1:2], everything[2:4]]
+    for _, examples in shards:  # dataset order within a shard
+        assert examples == [i for i in order if i in examples]
+    assert sorted(i for _, examples in shards for i in examples) == sorted(order)
+    with pytest.raises(UsageError, match=r"shard 1/3 holds no example: the data makes 1 batch"):
+        batches("1/3", limit=2)
 
 
 @pytest.mark.parametrize("value", ["0/2", "3/2", "a/b", "1/0", "2", "1/-1", "1/2/3"])
@@ -148,7 +161,8 @@ def test_merge_refuses_what_is_not_one_run(runs, run_cli, tmp_path):
         assert not out.exists()
         return err
 
-    assert "example id 'default-test-0' is in parts 1 and 2" in refused(first, first)
+    duplicate = Result.load(first).example_ids[0]
+    assert f"example id {duplicate!r} is in parts 1 and 2" in refused(first, first)
     assert "seed is 0 in part 1 and 1 in part 2" in refused(first, runs["seed1"])
     assert "shard(s) 2/2 missing" in refused(first)
     assert "results that are not shards (parts 2)" in refused(first, whole)
@@ -164,6 +178,11 @@ def test_merge_refuses_what_is_not_one_run(runs, run_cli, tmp_path):
         lambda d: d["provenance"]["dataset"].update(fingerprint="0" * 64),
     )  # fmt: skip
     assert "different data (dataset fingerprint)" in refused(first, other_data)
+    moved = edited(
+        second, tmp_path, "moved.json",
+        lambda d: d["provenance"]["dataset"].update(positions=[0, 1, 2, 3]),
+    )  # fmt: skip
+    assert "positions (provenance.dataset.positions) do not cover" in refused(first, moved)
     thirds = edited(second, tmp_path, "thirds.json", lambda d: d["config"].update(shard="2/3"))
     assert "shards of different counts: 1/2, 2/3" in refused(first, thirds)
     assert "does not exist" in refused(first, tmp_path / "missing.json")
@@ -177,8 +196,11 @@ def test_the_api_takes_a_shard(tiny_bert):
 
     settings = {"model": str(tiny_bert), "dataset": "default", "limit": 5, "cache": False}
     settings |= {"attributors": ["attention"], "evaluators": ["spearman"], "agreement_k": 0}
-    document = attrib_bench.run(shard="2/2", **settings)
-    assert document["config"]["shard"] == "2/2"
-    assert document["example_ids"] == [f"default-test-{i}" for i in (2, 3, 4)]  # [5 // 2, 5)
+    settings |= {"batch_size": 2}
+    halves = [attrib_bench.run(shard=f"{i}/2", **settings) for i in (1, 2)]
+    assert [half["config"]["shard"] for half in halves] == ["1/2", "2/2"]
+    ids = [half["example_ids"] for half in halves]
+    assert (len(ids[0]), len(ids[1])) == (2, 3)  # batches [0, 1) and [1, 3) of three
+    assert sorted(ids[0] + ids[1]) == [f"default-test-{i}" for i in range(5)]
     with pytest.raises(UsageError, match="--shard must be i/N"):
         attrib_bench.run(shard="0/2", **settings)

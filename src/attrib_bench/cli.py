@@ -142,8 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--shard",
         metavar="i/N",
-        help="run only shard i of N (1-based): examples [floor((i-1)*E/N), floor(i*E/N)) of the "
-        "E examples after --limit, in dataset order; join the shards with attrib-bench merge",
+        help="run only shard i of N (1-based): batches [floor((i-1)*M/N), floor(i*M/N)) of the "
+        "run's M length-sorted batches (after --limit), so every number is the full run's; join "
+        "the shards with attrib-bench merge",
     )
     run.add_argument(
         "--no-floor",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -139,17 +139,23 @@ def word_scores(
     return pooled, visible
 
 
-def rationale_words_lost(batches: Sequence[Batch]) -> float | None:
+def rationale_words_lost(batches: Iterable[Batch]) -> float | None:
     """Share of rationale words cut off by truncation, over all examples; None without any."""
-    total = lost = 0
-    for batch in batches:
-        if batch.word_ids_BN is None:
-            continue
-        for row, example in enumerate(batch.examples):
-            if example.rationale is None:
-                continue
-            marked = np.flatnonzero(np.asarray(example.rationale))
-            seen = set(batch.word_ids_BN[row].tolist())
-            total += len(marked)
-            lost += sum(int(word) not in seen for word in marked)
+    counts = [rationale_word_counts(batch) for batch in batches]
+    lost, total = sum(c[0] for c in counts), sum(c[1] for c in counts)
     return lost / total if total else None
+
+
+def rationale_word_counts(batch: Batch) -> tuple[int, int]:
+    """(rationale words cut off by truncation, rationale words) over the batch's examples."""
+    total = lost = 0
+    if batch.word_ids_BN is None:
+        return 0, 0
+    for row, example in enumerate(batch.examples):
+        if example.rationale is None:
+            continue
+        marked = np.flatnonzero(np.asarray(example.rationale))
+        seen = set(batch.word_ids_BN[row].tolist())
+        total += len(marked)
+        lost += sum(int(word) not in seen for word in marked)
+    return lost, total

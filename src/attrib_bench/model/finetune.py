@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from attrib_bench.core import console
+from attrib_bench.core.cache_dir import cache_root
 from attrib_bench.core.errors import UsageError
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import DEFAULT_DATASET, LoadedData, load_examples
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
     from torch import nn
 
-CACHE_ENV = "ATTRIB_BENCH_CACHE"
 METADATA_FILE = "attrib_bench_finetune.json"
 #: Bump when training code changes what a cached model would be.
 FINETUNE_VERSION = 1
@@ -58,14 +58,6 @@ PROXY_SEED_VARIES = (
     "top {k} layers' pretraining init and the re-training data order, plus head init, data "
     "order and dropout of fine-tuning"
 )
-
-
-def cache_root() -> Path:
-    """``$ATTRIB_BENCH_CACHE``, else ``$XDG_CACHE_HOME/attrib-bench``, else ~/.cache/..."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "attrib-bench"
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from attrib_bench.model.finetune import cache_root
+from attrib_bench.core.cache_dir import cache_root
 from attrib_bench.model.load import LoadedModel
 
 #: Bump when what a random-init copy holds changes.

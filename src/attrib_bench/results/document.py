@@ -58,8 +58,6 @@ def build_result(
     """The result document. ``right``: per example id, whether the model gets the example
     right (next-token data, ``runner.engine.right_answers``): recorded as ``model_right``, and
     every mean-summarised score is also summarised over the right and the wrong ones."""
-    from attrib_bench.data.rationales import rationale_words_lost
-
     registry = prepared.registry
     example_ids = [e.id for e in prepared.data.examples]
     right_E = None if right is None else np.array([right[i] for i in example_ids], dtype=bool)
@@ -111,9 +109,11 @@ def build_result(
         "label_column": data.label_column,
         "truncated": prepared.truncated,
         "max_length": prepared.max_length,
-        "rationale_words_lost": rationale_words_lost(prepared.batches),
+        "rationale_words_lost": prepared.rationale_words_lost,
         "contentless": len(prepared.contentless),
     }
+    if prepared.positions is not None:
+        dataset["positions"] = prepared.positions
     if data.next_tokens is not None:
         words = data.next_tokens.words
         dataset["next_token"] = {

@@ -8,8 +8,10 @@ whole (tested), the summaries over the examples the model gets right and wrong i
 
 Shards (``run --shard i/N``) are the special case of one run's data cut in N: their configs may
 differ only in ``shard``, ``batch_size`` and ``device``, they must hold the same data (dataset
-fingerprint) and all N shards once each; they are joined in shard order into the result of the
-unsharded run (``shard`` null, the data's own fingerprint).
+fingerprint) and all N shards once each; they are joined into the result of the unsharded run
+(``shard`` null, the data's own fingerprint), its examples in dataset order again: a shard holds
+whole batches of the length-sorted run, and records each example's index in the data
+(``provenance.dataset.positions``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ PER_SHARD_CONFIG = frozenset({"shard", "batch_size", "device"})
 
 def parse_shard(text: str) -> tuple[int, int]:
     """``"i/N"`` as (i, N), 1 <= i <= N: shard i of N (``run --shard``; which examples, see
-    ``attrib_bench.runner.engine.shard_examples``)."""
+    ``attrib_bench.runner.engine.shard_batches``)."""
     index, slash, count = str(text).strip().partition("/")
     try:
         i, n = int(index), int(count)
@@ -138,12 +140,32 @@ def _merged_pair(statuses: list[dict[str, Any]], rows: list[list[float]] | None)
     return {"status": "ok", "error": None}
 
 
+def _dataset_order(parts: Sequence[Result]) -> list[int] | None:
+    """Where each example of the parts (concatenated) goes in the merged result: shards' by
+    their positions in the data; None (as concatenated) for parts without positions."""
+    found = [part.provenance["dataset"].get("positions") for part in parts]
+    if all(positions is None for positions in found):
+        return None
+    positions = [p for part in found for p in part or []]
+    if any(p is None for p in found) or sorted(positions) != list(range(len(positions))):
+        raise UsageError(
+            "cannot merge: the shards' example positions (provenance.dataset.positions) do not "
+            "cover the data once each; merge all shards of one run"
+        )
+    return sorted(range(len(positions)), key=positions.__getitem__)
+
+
+def _reordered(values: list[Any], order: list[int] | None) -> list[Any]:
+    return values if order is None else [values[i] for i in order]
+
+
 def _merge_method(
     spec: str,
     methods: list[MethodResult],
     sizes: list[int],
     seed: int,
     right_E: np.ndarray | None,
+    order: list[int] | None,
 ):
     first = methods[0]
     failed = next((m for m in methods if m.status != "ok"), None)
@@ -179,7 +201,9 @@ def _merge_method(
                 if len(layers) != 1:
                     raise UsageError(f"cannot merge {spec}: {evaluator} has {layers} layers")
                 (count,) = layers
-                per_kind[kind] = [[v for k in kinds for v in k[kind][i]] for i in range(count)]
+                per_kind[kind] = [
+                    _reordered([v for k in kinds for v in k[kind][i]], order) for i in range(count)
+                ]
         pair = _merged_pair(statuses, [r for rows in per_kind.values() for r in rows] or None)
         merged.evaluators[evaluator] = pair
         if pair["status"] == "failed":
@@ -220,6 +244,7 @@ def _merge_provenance(parts: Sequence[Result], sharded: bool) -> dict[str, Any]:
             if key != "paradigms":
                 merged[key] = sum(c.get(key, 0) for c in counts)
         merged["paradigms"] = dict(sum((Counter(c["paradigms"]) for c in counts), Counter()))
+    dataset.pop("positions", None)  # the merged result holds the data in its own order
     lost = [d.get("rationale_words_lost") for d in datasets]
     if any(v != lost[0] for v in lost):
         dataset["rationale_words_lost"] = None  # a share of words: not recoverable per part
@@ -245,6 +270,7 @@ def merge(parts: Sequence[Result]) -> Result:
     if shards is not None:  # in shard order, whatever order they were given in
         parts = [part for _, part in sorted(zip(shards, parts, strict=True), key=lambda x: x[0])]
     seed = int(parts[0].config.get("seed", 0))
+    order = _dataset_order(parts) if shards is not None else None
     sizes = [len(part.example_ids) for part in parts]
     first = parts[0]
     evaluators = {}
@@ -267,10 +293,10 @@ def merge(parts: Sequence[Result]) -> Result:
         for part in parts
     ]
     answers = [part.model_right for part in parts]
-    model_right = None if None in answers else [right for a in answers for right in a]
+    model_right = None if None in answers else _reordered([r for a in answers for r in a], order)
     right_E = None if model_right is None else np.array(model_right, dtype=bool)
     methods = {
-        spec: _merge_method(spec, [p.methods[spec] for p in parts], sizes, seed, right_E)
+        spec: _merge_method(spec, [p.methods[spec] for p in parts], sizes, seed, right_E, order)
         for spec in first.methods
     }
     # The paired comparison is recomputed over all examples; the agreement matrix needs the
@@ -286,7 +312,7 @@ def merge(parts: Sequence[Result]) -> Result:
         reference=first.reference,
         evaluators=evaluators,
         evaluator_info=copy.deepcopy(first.evaluator_info),
-        example_ids=[example for part in parts for example in part.example_ids],
+        example_ids=_reordered([e for part in parts for e in part.example_ids], order),
         model_right=model_right,
         methods=methods,
         extra=extra,

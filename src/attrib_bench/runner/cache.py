@@ -39,9 +39,9 @@ import numpy as np
 import torch
 
 from attrib_bench.core import console
+from attrib_bench.core.cache_dir import cache_root
 from attrib_bench.core.interfaces import KINDS, Attribution, Batch
 from attrib_bench.core.registry import Spec
-from attrib_bench.model.finetune import cache_root
 
 if TYPE_CHECKING:
     from attrib_bench.runner.engine import MethodState, Prepared
@@ -300,9 +300,8 @@ class ResultCache:
     def _fill(self, method: MethodState, example_id: str, entry: dict[str, Any]) -> None:
         """Take one example's scores, seconds and memory for ``method`` from its entry."""
         for name, key in self.evaluator_keys.items():
-            table = method.scores.setdefault(name, {})
             for kind, values in entry["scores"][key].items():
-                table.setdefault(kind, {})[example_id] = np.array(
+                method.column(name, kind)[example_id] = np.array(
                     [np.nan if v is None else v for v in values], dtype=float
                 )
         if method.rows is not None:

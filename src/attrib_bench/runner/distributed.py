@@ -4,16 +4,13 @@
 run ...``) starts N copies of the command. Each finds the launcher's environment (WORLD_SIZE >
 1), joins the process group through Hugging Face Accelerate's ``PartialState`` (gloo on CPUs,
 NCCL on GPUs, one GPU per process: ``cuda:LOCAL_RANK``) and runs the shard ``--shard
-rank+1/N`` of the examples: a normal single-process run over a contiguous slice, with per-example
-seeds and per-example cache entries, so a crashed process resumes from its cache. The results
-are gathered to rank 0, which merges them (``attrib_bench.results.merge``: statistics computed
-after the merge) and alone prints and writes the result. The model is built (fine-tuned, when
-the run says so) by rank 0 first, the others then reading it from the cache.
-
-Per-example numbers equal a single-process run's exactly where the batches do: a shard batches
-its own examples by length, so at batch size > 1 an example may get other companions than in
-one process, which can move the last float bits (an example's result does not depend on its
-companions otherwise).
+rank+1/N``: a normal single-process run over a contiguous slice of the run's length-sorted
+batches, with per-example seeds and per-example cache entries, so a crashed process resumes from
+its cache. Every example keeps the batch companions it has in one process, so every per-example
+number is the single-process run's at any batch size. The results are gathered to rank 0, which
+merges them (``attrib_bench.results.merge``: dataset order restored, statistics computed after
+the merge) and alone prints and writes the result. The model is built (fine-tuned, when the run
+says so) by rank 0 first, the others then reading it from the cache.
 """
 
 from __future__ import annotations
@@ -69,8 +66,11 @@ def run_sharded(plan: RunPlan, quiet: bool) -> dict[str, Any] | None:
         plan = build_model(plan, quiet=quiet or not main)
     shard = f"{state.process_index + 1}/{state.num_processes}"
     config = dataclasses.replace(plan.config, shard=shard, device=device)
-    document = run_config(config, quiet=quiet or not main, cache=plan.cache)
-    documents = gather_object([document])
+    try:
+        document = run_config(config, quiet=quiet or not main, cache=plan.cache)
+        documents = gather_object([document])
+    finally:  # a process leaving with the group open can abort its peers' gloo sockets
+        state.destroy_process_group()
     if not main:
         return None
     merged = merge([Result.from_document(part) for part in documents]).to_document()

@@ -23,22 +23,22 @@ from attrib_bench.core.interfaces import (
     Attribution,
     Batch,
     EvalContext,
-    Example,
     compares_models,
     position_problem,
 )
 from attrib_bench.core.registry import Registry, Spec, load_registry
 from attrib_bench.core.target import DEFAULT_TARGET, NEXT_TOKEN_TARGET, Target, target_score
-from attrib_bench.data.batches import contentless_ids, make_batches
+from attrib_bench.data.batches import BatchPlan, contentless_ids, plan_batches
 from attrib_bench.data.load import LoadedData, load_examples
 from attrib_bench.data.next_token import token_pairs
-from attrib_bench.data.rationales import rationale_words_lost
+from attrib_bench.data.rationales import rationale_word_counts
 from attrib_bench.model.load import LoadedModel, load_model, target_logits
 from attrib_bench.model.trace import Trace, default_target_position, trace_batch
 from attrib_bench.results import build_result
 from attrib_bench.results.agreement import DEFAULT_K, AgreementTally
 from attrib_bench.results.merge import parse_shard
 from attrib_bench.runner.memory import PeakMemory, standalone_megabytes
+from attrib_bench.runner.scores import ExampleIndex, ScoreColumn
 
 DEFAULT_REFERENCE = "saliency"
 #: The attributor every leaderboard carries as its floor (added when not selected).
@@ -77,8 +77,8 @@ class RunConfig:
     agreement_k: int = DEFAULT_K
     #: Whether the ``random`` floor joins the leaderboard when not selected (``--no-floor``).
     floor: bool = True
-    #: ``"i/N"``: only the i-th of N contiguous slices of the examples (``--shard``), for runs
-    #: on independent machines that ``attrib-bench merge`` joins; None: every example.
+    #: ``"i/N"``: only the i-th of N contiguous slices of the run's batches (``--shard``), for
+    #: runs on independent machines that ``attrib-bench merge`` joins; None: every example.
     shard: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -102,11 +102,21 @@ class MethodState:
     error: str | None = None
     #: evaluator -> its error on this method alone (the evaluator still scores the others)
     evaluator_errors: dict[str, str] = field(default_factory=dict)
-    #: evaluator -> kind -> example id -> scores over layers
-    scores: dict[str, dict[str, dict[str, np.ndarray]]] = field(default_factory=dict)
+    #: evaluator -> kind -> example id -> scores over layers (a compact ``ScoreColumn``)
+    scores: dict[str, dict[str, Mapping[str, np.ndarray]]] = field(default_factory=dict)
+    #: The method's examples numbered once for all its score columns.
+    index: ExampleIndex = field(default_factory=ExampleIndex)
     #: example id -> kind -> rows (L, N real tokens), kept only when a run over several
     #: models asks (None: not kept); computed or read from the cache alike.
     rows: dict[str, dict[str, np.ndarray]] | None = None
+
+    def column(self, evaluator: str, key: str) -> ScoreColumn:
+        """The scores of ``evaluator`` under ``key`` (a kind, or ``kind/part``), made empty on
+        first use."""
+        table = self.scores.setdefault(evaluator, {})
+        if key not in table:
+            table[key] = ScoreColumn(self.index)
+        return table[key]
 
     def keep_rows(self, attribution: Attribution, batch: Batch) -> None:
         if self.rows is None:
@@ -131,12 +141,13 @@ class MethodState:
 
 @dataclass
 class Prepared:
-    """A run's resolved inputs: plugins, model, data and batches."""
+    """A run's resolved inputs: plugins, model, data and the plan of its batches."""
 
     registry: Registry
     loaded: LoadedModel
     data: LoadedData
-    batches: list[Batch]
+    #: The batches, tokenised one at a time as they are read (a run streams them).
+    batches: BatchPlan
     truncated: int
     max_length: int
     #: Ids of examples with no content token (see attrib_bench.data.batches.contentless_ids).
@@ -147,6 +158,11 @@ class Prepared:
     target: Target = DEFAULT_TARGET
     #: Next-token examples dropped because their two words share the first token.
     shared_first_token: int = 0
+    #: Share of rationale words truncation cut off (None: no rationale words).
+    rationale_words_lost: float | None = None
+    #: Under ``--shard``: each example's index in the unsharded data (``merge`` restores the
+    #: dataset order from them); None for a run over all the data.
+    positions: list[int] | None = None
 
 
 def resolve_model(
@@ -188,8 +204,6 @@ def prepare(config: RunConfig, quiet: bool = False) -> Prepared:
         config.label_column,
         config.limit,
     )
-    if shard is not None:  # before anything counted per example, so shard counts add up
-        data = dataclasses.replace(data, examples=shard_examples(data.examples, *shard))
     if data.next_tokens is None:  # the data alone decides: checked before the model loads
         target = target or DEFAULT_TARGET
         target.check_examples(data.examples)
@@ -206,15 +220,21 @@ def prepare(config: RunConfig, quiet: bool = False) -> Prepared:
         if config.max_length < 3:
             raise UsageError(f"--max-length must be at least 3, got {config.max_length}")
         max_length = min(config.max_length, max_length)
-    batches, truncated = make_batches(
-        data.examples, loaded.tokenizer, config.batch_size, max_length
-    )
+    batches = plan_batches(data.examples, loaded.tokenizer, config.batch_size, max_length)
+    positions = None
+    if shard is not None:  # whole batches of the full run, so every number is the full run's
+        batches, positions = shard_batches(batches, *shard)
+        data = dataclasses.replace(data, examples=list(batches.examples))
+    truncated = batches.truncated
+    found, lost, total = set(), 0, 0
+    for batch in batches:  # one pass over the data, batch by batch
+        found.update(contentless_ids([batch], loaded.tokenizer.unk_token_id))
+        counts = rationale_word_counts(batch)
+        lost, total = lost + counts[0], total + counts[1]
     if truncated:
         console.warn(f"{truncated} of {len(data.examples)} inputs truncated to {max_length} tokens")
-        lost = rationale_words_lost(batches)
         if lost:
-            console.warn(f"truncation cut off {lost:.1%} of the rationale words")
-    found = set(contentless_ids(batches, loaded.tokenizer.unk_token_id))
+            console.warn(f"truncation cut off {lost / total:.1%} of the rationale words")
     contentless = [e.id for e in data.examples if e.id in found]  # in dataset order
     if contentless:
         shown = ", ".join(repr(i) for i in contentless[:5])
@@ -224,21 +244,33 @@ def prepare(config: RunConfig, quiet: bool = False) -> Prepared:
             "and counted in provenance.dataset.contentless, but their scores rank special tokens"
         )
     return Prepared(
-        registry, loaded, data, batches, truncated, max_length, contentless, target, shared
+        registry,
+        loaded,
+        data,
+        batches,
+        truncated,
+        max_length,
+        contentless,
+        target,
+        shared,
+        lost / total if total else None,
+        positions,
     )
 
 
-def shard_examples(examples: list[Example], index: int, count: int) -> list[Example]:
-    """Shard ``index`` (1-based) of ``count``: examples [floor((i-1)E/N), floor(iE/N)), in
-    dataset order, so the shards partition the examples and keep their order."""
-    total = len(examples)
+def shard_batches(plan: BatchPlan, index: int, count: int) -> tuple[BatchPlan, list[int]]:
+    """Shard ``index`` (1-based) of ``count``: the run's batches [floor((i-1)M/N), floor(iM/N))
+    of its M length-sorted batches, so the shards partition the examples and every example
+    keeps the batch companions it has in the unsharded run (identical numbers at any batch
+    size); and the shard's examples' indices in the unsharded data."""
+    total = len(plan)
     start, stop = (index - 1) * total // count, index * total // count
     if start == stop:
         raise UsageError(
-            f"shard {index}/{count} holds no example: the data has {total} example(s), so give "
-            f"at most {total} shard(s)"
+            f"shard {index}/{count} holds no example: the data makes {total} batch(es) at "
+            f"this --batch-size, so give at most {total} shard(s)"
         )
-    return examples[start:stop]
+    return plan.subset(range(start, stop))
 
 
 def check_model_kind(loaded: LoadedModel, data: LoadedData) -> None:
@@ -302,12 +334,12 @@ def right_answers(prepared: Prepared, known: Mapping[str, bool]) -> dict[str, bo
     (restored from the cache, or traced for another target) get a forward pass of their own."""
     if prepared.data.next_tokens is None:
         return None
-    loaded, last = prepared.loaded, Target(position="last")
+    loaded, last, plan = prepared.loaded, Target(position="last"), prepared.batches
     right = dict(known)
-    for batch in prepared.batches:
-        if all(e.id in right for e in batch.examples):
+    for index, group in enumerate(plan.groups):
+        if all(plan.examples[i].id in right for i in group):
             continue
-        batch = batch.to(loaded.device)
+        batch = plan[index].to(loaded.device)
         with torch.no_grad():
             logits = loaded.model(**batch.model_inputs()).logits
         logits_BV = target_logits(loaded, logits, last.positions(batch.attention_mask_BN))
@@ -340,7 +372,7 @@ def attribution_stream(
         if problem is not None:
             method.fail(problem)
     fields = prepared.registry.trace_field_specs()  # what a plugin's `requires` may add
-    examples = sum(len(batch.examples) for batch in prepared.batches)
+    examples = len(prepared.batches.examples)
     with console.progress(disable=quiet) as bar:
         task = bar.add_task(description, total=examples * len(methods))
         for batch in prepared.batches:
@@ -430,11 +462,10 @@ def _store(method: MethodState, name: str, evaluator: Any, scores: Any, batch: B
         known = method.scores.get(name, {}).get(key)
         if known and len(next(iter(known.values()))) != values_LB.shape[0]:
             raise ValueError(f"score() returned a different number of {key} layers per batch")
-    table = method.scores.setdefault(name, {})
     for key, values_LB in checked.items():
-        by_id = table.setdefault(key, {})
-        for column, example in enumerate(batch.examples):
-            by_id[example.id] = values_LB[:, column]
+        column = method.column(name, key)
+        for row, example in enumerate(batch.examples):
+            column[example.id] = values_LB[:, row]
 
 
 def _same_method(registry: Registry, spec: str) -> tuple:
@@ -596,11 +627,7 @@ def run_single(
         if restored:
             remaining = [e for e in prepared.data.examples if e.id not in restored]
             tokenizer = prepared.loaded.tokenizer
-            batches = (
-                make_batches(remaining, tokenizer, config.batch_size, prepared.max_length)[0]
-                if remaining
-                else []
-            )
+            batches = plan_batches(remaining, tokenizer, config.batch_size, prepared.max_length)
     stream = dataclasses.replace(prepared, batches=batches)
     skip = store.restore if store is not None else None
     traced_right: dict[str, bool] = {}
@@ -630,8 +657,9 @@ def run_single(
             )
         if store is not None:
             store.save(trace.batch, results)
-    for batch in batches:  # batches the cache filled in whole were never traced
-        _tally_rows(tally, methods, batch, keep_rows)
+    if tally is not None:  # batches the cache filled in whole were never traced
+        for batch in batches:
+            _tally_rows(tally, methods, batch, keep_rows)
     for method in methods:
         for name in evaluators:
             if name not in evaluator_errors and method.error is None and method.undefined(name):

@@ -1,0 +1,504 @@
+"""Speed and memory against ferret 0.4.2, side by side, on the same work (issue 14).
+
+The same model directory (the MiniLM SST-2 classifier of benchmarks/evaluators.py, cached), the
+first ``--limit`` SST-2 dev sentences, the predicted class, and identical settings on both sides:
+
+- ferret 0.4.2, in its own environment (benchmarks/ferret_protocol.py's ``ferret_python``):
+  ``Benchmark(model, tokenizer)`` with ``GradientExplainer(multiply_by_inputs=False)``,
+  ``GradientExplainer(multiply_by_inputs=True)`` and ``IntegratedGradientExplainer`` (its
+  default ``multiply_by_inputs=True``; Captum's default ``n_steps=50``, Gauss-Legendre, one
+  batch of all 50 points, forwarded 8 at a time), the class ``Benchmark.score`` predicts,
+  evaluated by ``AOPC_Comprehensiveness_Evaluation`` and ``AOPC_Sufficiency_Evaluation`` with
+  their default arguments, one sentence at a time;
+- attrib-bench (``attrib-bench run``): the same three methods where ferret attributes (the
+  word-embedding lookup's output) and reduces the hidden dimension (Captum's ``Saliency`` takes
+  absolute values, then ferret sums: ``abs-sum``; gradient x input and IG: signed ``sum``), IG
+  from the [CLS] [PAD]... [SEP] baseline at 50 steps, both evaluators under ``protocol=ferret``
+  (ratios 10%..100%), the default run target (the predicted class's logit), ``--no-floor
+  --no-cache --agreement-k 0``, the reference one of the three methods (no extra row).
+
+``--repeats`` pairs of fresh processes run alternately (ferret, attrib-bench, ferret, ...), each
+timed end to end (interpreter start, imports and model load included) with ``OMP_NUM_THREADS=
+--threads`` and this environment's OMP_WAIT_POLICY (unset: libgomp's default), which the floor
+below shares. Peak memory is each process's own ``VmHWM`` (/proc/self/status, read at exit by a
+wrapper in the process): ``ru_maxrss`` would not do, since a child inherits its parent's peak
+at exec. The per-example AOPC of the two sides are compared (the largest difference is
+printed), so the comparison is of identical work.
+
+The compute floor of each method, measured in this process after each pair on the runner's
+batches (``make_batches``: ``--batch-size`` length-sorted sentences): per batch one forward pass
+and one backward pass of the predicted class's logits, summed over the batch, to the
+word-embedding output (gradient, gradient x input: one such pass serves both), and for IG a
+forward pass for the class plus ``steps`` forward+backward passes of the whole batch along the
+path. attrib-bench's per-method seconds are its standalone seconds
+(``methods[spec]["seconds_per_example"]`` times the examples); the ratio to the floor is taken
+per pair (the same load on both), and its median reported.
+
+    python benchmarks/ferret_speed.py [--limit 100] [--repeats 3] [--threads 2]
+        [--batch-size 16] [--model DIR] [--venv DIR]
+        [--output benchmarks/results/ferret_speed.json]
+
+Outputs: the JSON at ``--output`` and the Markdown beside it (.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from evaluators import DATA, sst2_model  # the same cached SST-2 classifier
+from ferret_protocol import ferret_python  # ferret 0.4.2's environment
+
+from attrib_bench import Batch
+from attrib_bench.core.cache_dir import cache_root
+from attrib_bench.data.batches import make_batches
+from attrib_bench.data.load import load_examples
+from attrib_bench.model.load import load_model
+from attrib_bench.results import write_json
+
+RESULTS = Path(__file__).resolve().parent / "results"
+STEPS = 50
+#: Method -> (attrib-bench spec, ferret's explainer name).
+METHODS = {
+    "gradient": ("gradient:reduce=abs-sum,layer=word_embeddings", "Gradient"),
+    "gradient x input": ("saliency:reduce=sum,layer=word_embeddings", "Gradient (x Input)"),
+    "integrated gradients": (
+        f"integrated-gradients:steps={STEPS},reduce=sum,layer=word_embeddings",
+        "Integrated Gradient (x Input)",
+    ),
+}
+#: attrib-bench evaluator spec -> ferret's short name of the same evaluator.
+EVALUATORS = {
+    "comprehensiveness:protocol=ferret": "aopc_compr",
+    "sufficiency:protocol=ferret": "aopc_suff",
+}
+
+#: Runs a script (``path``) or a module's ``__main__`` (``-m name``) in this process, then writes
+#: the process's own peak resident set (VmHWM) and torch's thread count to ``stats``.
+WRAPPER = r"""
+import json, runpy, sys
+stats, *command = sys.argv[1:]
+module = command[0] == "-m"
+sys.argv = command[1:] if module else command
+try:
+    if module:
+        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    with open("/proc/self/status") as status:
+        peak_kb = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
+    with open(stats, "w") as handle:
+        json.dump({"peak_rss_mb": peak_kb / 1024, "torch_threads": threads}, handle)
+"""
+
+#: ferret's side, run by the ferret environment's Python: its Benchmark on every sentence.
+FERRET_SIDE = r"""
+import importlib.metadata, json, sys
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from ferret import (AOPC_Comprehensiveness_Evaluation, AOPC_Sufficiency_Evaluation, Benchmark,
+                    GradientExplainer, IntegratedGradientExplainer)
+
+model_dir, sentences_path, output = sys.argv[1:]
+model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+tokenizer = AutoTokenizer.from_pretrained(model_dir)
+bench = Benchmark(
+    model,
+    tokenizer,
+    explainers=[
+        GradientExplainer(model, tokenizer, multiply_by_inputs=False),
+        GradientExplainer(model, tokenizer, multiply_by_inputs=True),
+        IntegratedGradientExplainer(model, tokenizer),
+    ],
+    evaluators=[
+        AOPC_Comprehensiveness_Evaluation(model, tokenizer),
+        AOPC_Sufficiency_Evaluation(model, tokenizer),
+    ],
+)
+examples = {}
+for line in open(sentences_path):
+    record = json.loads(line)
+    target = int(bench.score(record["text"], return_dict=False).argmax())
+    explanations = bench.explain(record["text"], target=target, show_progress=False)
+    evaluations = bench.evaluate_explanations(explanations, target=target, show_progress=False)
+    examples[record["id"]] = {
+        "target": target,
+        **{e.explanation.explainer: {s.name: float(s.score) for s in e.evaluation_scores}
+           for e in evaluations},
+    }
+versions = {name: __import__(name).__version__
+            for name in ("transformers", "torch", "numpy", "captum")}
+versions["ferret-xai"] = importlib.metadata.version("ferret-xai")
+json.dump({"versions": versions, "examples": examples}, open(output, "w"))
+"""
+
+
+def machine() -> dict:
+    """What the numbers were measured on. Not method_cost.py's ``machine``: importing that
+    module sets OMP_WAIT_POLICY for this process's children only (torch is loaded here first),
+    and the floor measured here must wait for threads as both sides do."""
+    with open("/proc/cpuinfo") as handle:
+        cpu = next((line.split(":", 1)[1].strip() for line in handle if "model name" in line), "")
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "torch_threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "load_average_before": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def sentences(limit: int) -> list[dict]:
+    """The first ``limit`` SST-2 dev sentences, with the ids attrib-bench gives them."""
+    examples = load_examples(str(DATA / "sst2"), "dev", limit=limit).examples
+    return [{"id": e.id, "text": e.text} for e in examples]
+
+
+def timed(command: list[str], environment: dict[str, str], stats: Path) -> dict:
+    """One fresh process through ``WRAPPER``: wall seconds, its own peak, the load around it."""
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    subprocess.run(
+        [command[0], "-c", WRAPPER, str(stats), *command[1:]],
+        env=environment,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    seconds = time.perf_counter() - start
+    return {
+        "seconds": round(seconds, 2),
+        **json.loads(stats.read_text()),
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def run_ferret(python: Path, model: str, records: Path, folder: Path, environment: dict) -> tuple:
+    script, output = folder / "ferret_side.py", folder / "ferret.json"
+    script.write_text(FERRET_SIDE)
+    command = [str(python), str(script), model, str(records), str(output)]
+    measured = timed(command, environment, folder / "ferret_stats.json")
+    return measured, json.loads(output.read_text())
+
+
+def run_ours(model: str, args: argparse.Namespace, folder: Path, environment: dict) -> tuple:
+    output = folder / "attrib_bench.json"
+    specs = [spec for spec, _ in METHODS.values()]
+    command = [
+        sys.executable,
+        "-m",
+        "attrib_bench.cli",
+        "run",
+        "--model",
+        model,
+        "--dataset",
+        str(DATA / "sst2"),
+        "--split",
+        "dev",
+        "--limit",
+        str(args.limit),
+        "--attributors",
+        ",".join(specs),
+        "--evaluators",
+        ",".join(EVALUATORS),
+        "--reference",
+        specs[1],
+        "--batch-size",
+        str(args.batch_size),
+        "--device",
+        "cpu",
+        "--no-floor",
+        "--no-cache",
+        "--agreement-k",
+        "0",
+        "--quiet",
+        "--output",
+        str(output),
+    ]
+    measured = timed(command, environment, folder / "attrib_bench_stats.json")
+    return measured, json.loads(output.read_text())
+
+
+class Floor:
+    """The plain passes each method needs at least (module docstring), on the runner's batches,
+    with the model loaded once; ``measure`` times them once."""
+
+    def __init__(self, model: str, limit: int, batch_size: int) -> None:
+        self.loaded = load_model(model, "cpu")
+        examples = load_examples(str(DATA / "sst2"), "dev", limit=limit).examples
+        tokenizer, length = self.loaded.tokenizer, self.loaded.max_length
+        self.batches, _ = make_batches(examples, tokenizer, batch_size, length)
+        self.lookup = self.loaded.model.get_input_embeddings()
+        self.gradient(self.batches[0])  # warm-up
+
+    def backward(
+        self, embedded: torch.Tensor, batch: Batch, classes: torch.Tensor | None
+    ) -> torch.Tensor:
+        """One forward and one backward pass of the classes' logits (predicted when None)."""
+        embedded = embedded.detach().requires_grad_()
+        logits = self.loaded.model(
+            inputs_embeds=embedded,
+            attention_mask=batch.attention_mask_BN,
+            token_type_ids=batch.token_type_ids_BN,
+        ).logits
+        classes = logits.argmax(-1) if classes is None else classes
+        torch.autograd.grad(logits.gather(1, classes[:, None]).sum(), embedded)
+        return classes
+
+    def gradient(self, batch: Batch) -> None:
+        """Gradient and gradient x input: the gradient at the embeddings (times them)."""
+        self.backward(self.lookup(batch.input_ids_BN), batch, None)
+
+    def integrated(self, batch: Batch) -> None:
+        """The predicted class, then ``STEPS`` passes of the batch along the path."""
+        embedded = self.lookup(batch.input_ids_BN).detach()
+        with torch.no_grad():
+            classes = self.loaded.model(**batch.model_inputs()).logits.argmax(-1)
+        pad = self.loaded.tokenizer.pad_token_id
+        keep = batch.special_tokens_mask_BN.bool()
+        baseline = self.lookup(torch.where(keep, batch.input_ids_BN, pad)).detach()
+        for step in range(STEPS):
+            alpha = (step + 0.5) / STEPS
+            self.backward(baseline + alpha * (embedded - baseline), batch, classes)
+
+    def measure(self) -> dict[str, float]:
+        """Seconds per method over every batch; one gradient pass serves both gradient methods."""
+        seconds = {}
+        for name, passes in (("gradient", self.gradient), ("integrated", self.integrated)):
+            start = time.perf_counter()
+            for batch in self.batches:
+                passes(batch)
+            seconds[name] = time.perf_counter() - start
+        return {
+            "gradient": seconds["gradient"],
+            "gradient x input": seconds["gradient"],
+            "integrated gradients": seconds["integrated"],
+        }
+
+
+def agreement(ours: dict, theirs: dict, tolerance: float) -> list[dict]:
+    """Per method and evaluator, the per-example AOPC differences between the two sides."""
+    ids = ours["example_ids"]
+    rows = []
+    for label, (spec, explainer) in METHODS.items():
+        per_example = ours["methods"][spec]["per_example"]
+        for evaluator, short in EVALUATORS.items():
+            values = per_example[evaluator]["aggregated"][0]
+            differences = [
+                abs(value - theirs["examples"][i][explainer][short])
+                for i, value in zip(ids, values, strict=True)
+            ]
+            rows.append(
+                {
+                    "method": label,
+                    "evaluator": evaluator,
+                    "max_abs_difference": max(differences),
+                    "mean_abs_difference": statistics.fmean(differences),
+                    "over_tolerance": sum(d > tolerance for d in differences),
+                }
+            )
+    return rows
+
+
+def markdown(result: dict, command: str) -> str:
+    runs, summary = result["runs"], result["summary"]
+    setup = result["setup"]
+    lines = [
+        "# attrib-bench against ferret 0.4.2: speed and memory on the same work",
+        "",
+        f"The first {result['examples']} SST-2 dev sentences, MiniLM-L6 fine-tuned on SST-2 "
+        "(benchmarks/evaluators.py's model), the predicted class; gradient, gradient x input and "
+        f"Integrated Gradients ({STEPS} steps) at the word-embedding output, AOPC "
+        "comprehensiveness and sufficiency under ferret's protocol (10%..100%). Each run is a "
+        "fresh process timed end to end (imports and model load included), "
+        f"OMP_NUM_THREADS={setup['threads']} (OMP_WAIT_POLICY "
+        f"{result['machine']['omp_wait_policy'] or 'unset'}), attrib-bench batch size "
+        f"{setup['batch_size']}; "
+        "peak = the process's own VmHWM. ferret ran in its own environment: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(result["ferret_environment"].items()))
+        + "; attrib-bench: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(result["attrib_bench_environment"].items()))
+        + f". CPU: {result['machine']['cpu']}.",
+        "",
+        "| pair | side | seconds | peak MB | torch threads | load before | load after |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for pair, run in enumerate(runs, 1):
+        for side in ("ferret", "attrib-bench"):
+            cell = run[side]
+            lines.append(
+                f"| {pair} | {side} | {cell['seconds']:.1f} | {cell['peak_rss_mb']:.0f} "
+                f"| {cell['torch_threads']} | {cell['load_before'][0]:.2f} "
+                f"| {cell['load_after'][0]:.2f} |"
+            )
+    lines += [
+        "",
+        "| | per pair | median |",
+        "|---|---|---|",
+        "| seconds, ferret / attrib-bench | "
+        + ", ".join(f"{r:.2f}" for r in summary["seconds_ratios"])
+        + f" | **{summary['median_seconds_ratio']:.2f}** |",
+        "| peak MB, attrib-bench / ferret | "
+        + ", ".join(f"{r:.2f}" for r in summary["peak_ratios"])
+        + f" | **{summary['median_peak_ratio']:.2f}** |",
+        "",
+        "Per method: attrib-bench's standalone seconds (the batch's forward pass and the "
+        "method's own time, from the result JSON) against the compute floor measured right after "
+        f"each pair (per batch of {setup['batch_size']}: one forward and one backward pass, "
+        f"which serve both gradient methods; IG: the forward and {STEPS} forward+backward "
+        "passes of the batch); medians over the pairs.",
+        "",
+        "| method | attrib-bench s | floor s | ratio per pair | median ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for row in result["methods"]:
+        lines.append(
+            f"| {row['method']} | {row['attrib_bench_seconds']:.2f} | {row['floor_seconds']:.2f} "
+            f"| {', '.join(f'{r:.2f}' for r in row['ratios'])} | **{row['median_ratio']:.2f}** |"
+        )
+    rest = statistics.median(result["attrib_bench_rest_seconds"])
+    lines += [
+        f"| the rest of attrib-bench's run (imports, model load, evaluators) | {rest:.2f} | | | |"
+    ]
+    tolerance = setup["tolerance"]
+    lines += [
+        "",
+        f"Same numbers (last pair): per-example AOPC, ferret against attrib-bench "
+        f"(examples differing by more than {tolerance:g}).",
+        "",
+        "| method | evaluator | max abs difference | mean abs difference | over tolerance |",
+        "|---|---|---|---|---|",
+    ]
+    for row in result["agreement"]:
+        lines.append(
+            f"| {row['method']} | `{row['evaluator']}` | {row['max_abs_difference']:.2e} "
+            f"| {row['mean_abs_difference']:.2e} | {row['over_tolerance']} |"
+        )
+    lines += ["", f"`{command}`: {result['seconds']} s."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--limit", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=3, help="pairs of runs")
+    parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of both sides")
+    parser.add_argument("--batch-size", type=int, default=16, help="attrib-bench's")
+    parser.add_argument("--tolerance", type=float, default=1e-4, help="per-example AOPC")
+    parser.add_argument("--model", help="classifier directory (default: fine-tuned, cached)")
+    parser.add_argument("--venv", type=Path, default=cache_root() / "ferret-venv")
+    parser.add_argument("--output", type=Path, default=RESULTS / "ferret_speed.json")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    python, _ = ferret_python(args.venv)
+    model = args.model or sst2_model("cpu")
+    environment = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(args.threads),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
+    torch.set_num_threads(args.threads)
+    measured_on = machine()
+    floor = Floor(model, args.limit, args.batch_size)
+    runs = []
+    with tempfile.TemporaryDirectory() as name:
+        folder = Path(name)
+        records = folder / "sentences.jsonl"
+        records.write_text("".join(json.dumps(r) + "\n" for r in sentences(args.limit)))
+        for pair in range(args.repeats):
+            measured_theirs, theirs = run_ferret(python, model, records, folder, environment)
+            measured_ours, ours = run_ours(model, args, folder, environment)
+            measured_ours["method_seconds"] = {
+                label: ours["methods"][spec]["seconds_per_example"] * len(ours["example_ids"])
+                for label, (spec, _) in METHODS.items()
+            }
+            load_before = [round(x, 2) for x in os.getloadavg()]
+            floor_seconds = floor.measure()
+            runs.append(
+                {
+                    "ferret": measured_theirs,
+                    "attrib-bench": measured_ours,
+                    "floor": {
+                        "method_seconds": floor_seconds,
+                        "load_before": load_before,
+                        "load_after": [round(x, 2) for x in os.getloadavg()],
+                    },
+                }
+            )
+            print(
+                f"pair {pair + 1}: ferret {measured_theirs['seconds']:.1f} s "
+                f"{measured_theirs['peak_rss_mb']:.0f} MB, attrib-bench "
+                f"{measured_ours['seconds']:.1f} s {measured_ours['peak_rss_mb']:.0f} MB",
+                flush=True,
+            )
+    method_rows = []
+    for label, (spec, _) in METHODS.items():
+        ours_seconds = [r["attrib-bench"]["method_seconds"][label] for r in runs]
+        floor_seconds = [r["floor"]["method_seconds"][label] for r in runs]
+        method_rows.append(
+            {
+                "method": label,
+                "spec": spec,
+                "attrib_bench_seconds": statistics.median(ours_seconds),
+                "floor_seconds": statistics.median(floor_seconds),
+                "ratios": [o / f for o, f in zip(ours_seconds, floor_seconds, strict=True)],
+            }
+        )
+        method_rows[-1]["median_ratio"] = statistics.median(method_rows[-1]["ratios"])
+    rest = [
+        r["attrib-bench"]["seconds"] - sum(r["attrib-bench"]["method_seconds"].values())
+        for r in runs
+    ]
+    seconds_ratios = [r["ferret"]["seconds"] / r["attrib-bench"]["seconds"] for r in runs]
+    peak_ratios = [r["attrib-bench"]["peak_rss_mb"] / r["ferret"]["peak_rss_mb"] for r in runs]
+    result = {
+        "model": model,
+        "dataset": "sst2/dev",
+        "examples": len(ours["example_ids"]),
+        "setup": {
+            "threads": args.threads,
+            "batch_size": args.batch_size,
+            "repeats": args.repeats,
+            "tolerance": args.tolerance,
+            "methods": {label: spec for label, (spec, _) in METHODS.items()},
+            "evaluators": EVALUATORS,
+        },
+        "machine": {**measured_on, "load_average_after": [round(x, 2) for x in os.getloadavg()]},
+        "ferret_environment": theirs["versions"],
+        "attrib_bench_environment": ours["provenance"]["packages"],
+        "runs": runs,
+        "summary": {
+            "seconds_ratios": seconds_ratios,
+            "median_seconds_ratio": statistics.median(seconds_ratios),
+            "peak_ratios": peak_ratios,
+            "median_peak_ratio": statistics.median(peak_ratios),
+        },
+        "methods": method_rows,
+        "attrib_bench_rest_seconds": rest,
+        "agreement": agreement(ours, theirs, args.tolerance),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    write_json(result, args.output)
+    command = shlex.join(["python", "benchmarks/ferret_speed.py", *sys.argv[1:]])
+    text = markdown(result, command)
+    args.output.with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Does a run's resident memory stay flat as the dataset grows? (issue 14)
+
+Runs ``attrib-bench run`` in a fresh process per size on the first N SST-2 train sentences
+(``/work/shared/data/sst2``, N = 1,000 / 5,000 / 10,000 / 20,000 by default) with the same
+methods and evaluators, and reads each process's peak resident set (``ru_maxrss`` of that child
+alone, from ``os.wait4``). The batches are tokenised one at a time as the run reads them, and
+per-example scores live in one float array per (method, evaluator, kind)
+(``attrib_bench.runner.scores``), so what grows with N is the dataset's own rows and the
+per-example numbers the result document holds, not the run's working memory.
+
+    python benchmarks/memory_scaling.py [--sizes 1000,5000,10000,20000] [--model DIR]
+        [--methods attention,rollout,saliency] [--evaluators spearman,sufficiency:ratios=0.2]
+        [--output benchmarks/results/memory_scaling.json]
+
+The model is the cached MiniLM SST-2 classifier of benchmarks/evaluators.py (fine-tuned on
+first use). Writes the JSON and a Markdown table beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from evaluators import DATA, sst2_model  # the same cached SST-2 classifier
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def measure(command: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """Wall seconds and peak resident MB of one child process (its own ``ru_maxrss``)."""
+    load = os.getloadavg()
+    start = time.perf_counter()
+    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(child.pid, 0)
+    seconds = time.perf_counter() - start
+    error = child.stderr.read().decode()
+    child.stderr.close()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{error[-2000:]}")
+    return {
+        "seconds": round(seconds, 1),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),  # Linux: kilobytes
+        "load_before": [round(x, 2) for x in load],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    rows = report["rows"]
+    first = rows[0]["peak_rss_mb"]
+    lines = [
+        "# Resident memory against dataset size (issue 14)",
+        "",
+        f"`{report['command']}`",
+        "",
+        f"Model: {report['model']}. Data: the first N SST-2 train sentences. Methods: "
+        f"{', '.join(report['methods'])}; evaluators: {', '.join(report['evaluators'])}; "
+        f"batch size {report['batch_size']}, no cache, one fresh process per N. Peak RSS: the "
+        f"process's own ru_maxrss. Machine: {report['machine']}.",
+        "",
+        "| examples | peak RSS MB | vs the first size | wall s | s per example | load before |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['examples']:,} | {row['peak_rss_mb']:.0f} | "
+            f"{row['peak_rss_mb'] / first:.3f} | {row['seconds']:.0f} | "
+            f"{row['seconds'] / row['examples']:.4f} | {row['load_before'][0]:.2f} |"
+        )
+    growth = rows[-1]["peak_rss_mb"] - first
+    lines += [
+        "",
+        f"From {rows[0]['examples']:,} to {rows[-1]['examples']:,} examples the peak grows by "
+        f"{growth:.0f} MB ({growth / first:.1%}); the result JSON of the largest run is "
+        f"{rows[-1]['result_mb']:.1f} MB.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1000,5000,10000,20000")
+    parser.add_argument("--model", help="a model directory (default: the cached SST-2 model)")
+    parser.add_argument("--methods", default="attention,rollout,saliency")
+    parser.add_argument("--evaluators", default="spearman,sufficiency:ratios=0.2")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--output", type=Path, default=RESULTS / "memory_scaling.json")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    model = args.model or sst2_model("cpu")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env.setdefault("OMP_NUM_THREADS", "2")
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for size in [int(s) for s in args.sizes.split(",")]:
+            output = Path(folder) / f"run-{size}.json"
+            command = [
+                sys.executable, "-m", "attrib_bench", "run", "--model", model,
+                "--dataset", str(DATA / "sst2"), "--split", "train", "--limit", str(size),
+                "--attributors", args.methods, "--evaluators", args.evaluators,
+                "--reference", "saliency", "--batch-size", str(args.batch_size),
+                "--device", "cpu", "--no-cache", "--no-floor", "--quiet",
+                "--output", str(output),
+            ]  # fmt: skip
+            row = {"examples": size, **measure(command, env)}
+            row["result_mb"] = round(output.stat().st_size / 2**20, 2)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    report = {
+        "command": "python benchmarks/memory_scaling.py " + " ".join(argv or sys.argv[1:]),
+        "model": model,
+        "methods": args.methods.split(","),
+        "evaluators": args.evaluators.split(","),
+        "batch_size": args.batch_size,
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}, torch {torch.__version__}",
+        "rows": rows,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=1) + "\n")
+    args.output.with_suffix(".md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
