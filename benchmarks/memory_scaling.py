@@ -1,14 +1,15 @@
 """Does a run's resident memory stay flat as the dataset grows? (issue 14)
 
 Runs ``attrib-bench run`` in a fresh process per size on the first N SST-2 train sentences
-(``/work/shared/data/sst2``, N = 1,000 / 5,000 / 10,000 / 20,000 by default) with the same
-methods and evaluators, and reads each process's peak resident set (``ru_maxrss`` of that child
-alone, from ``os.wait4``). The batches are tokenised one at a time as the run reads them, and
-per-example scores live in one float array per (method, evaluator, kind)
-(``attrib_bench.runner.scores``), so what grows with N is the dataset's own rows and the
-per-example numbers the result document holds, not the run's working memory.
+(``/work/shared/data/sst2``, N = 1,000 / 5,000 / 20,000 by default) with the same methods and
+evaluators, and reads each process's own peak resident set (its VmHWM at exit, through
+benchmarks/ferret_speed.py's wrapper: a forked child's ``ru_maxrss`` starts at its parent's).
+The batches are tokenised one at a time as the run reads them, per-example scores live in one
+float array per (method, evaluator, kind) (``attrib_bench.runner.scores``), and the bootstrap
+draws its resamples in bounded blocks (``attrib_bench.results.stats.resample_blocks``), so what
+grows with N is the dataset's own rows and the per-example numbers the result holds.
 
-    python benchmarks/memory_scaling.py [--sizes 1000,5000,10000,20000] [--model DIR]
+    python benchmarks/memory_scaling.py [--sizes 1000,5000,20000] [--model DIR]
         [--methods attention,rollout,saliency] [--evaluators spearman,sufficiency:ratios=0.2]
         [--output benchmarks/results/memory_scaling.json]
 
@@ -22,38 +23,17 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
-import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluators import DATA, sst2_model  # the same cached SST-2 classifier
+from ferret_speed import timed  # one fresh process: wall seconds and its own peak (VmHWM)
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def measure(command: list[str], env: dict[str, str]) -> dict[str, Any]:
-    """Wall seconds and peak resident MB of one child process (its own ``ru_maxrss``)."""
-    load = os.getloadavg()
-    start = time.perf_counter()
-    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(child.pid, 0)
-    seconds = time.perf_counter() - start
-    error = child.stderr.read().decode()
-    child.stderr.close()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(command)} failed:\n{error[-2000:]}")
-    return {
-        "seconds": round(seconds, 1),
-        "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),  # Linux: kilobytes
-        "load_before": [round(x, 2) for x in load],
-        "load_after": [round(x, 2) for x in os.getloadavg()],
-    }
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -67,7 +47,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"Model: {report['model']}. Data: the first N SST-2 train sentences. Methods: "
         f"{', '.join(report['methods'])}; evaluators: {', '.join(report['evaluators'])}; "
         f"batch size {report['batch_size']}, no cache, one fresh process per N. Peak RSS: the "
-        f"process's own ru_maxrss. Machine: {report['machine']}.",
+        f"process's own VmHWM at exit. Machine: {report['machine']}.",
         "",
         "| examples | peak RSS MB | vs the first size | wall s | s per example | load before |",
         "|---:|---:|---:|---:|---:|---:|",
@@ -91,7 +71,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="1000,5000,10000,20000")
+    parser.add_argument("--sizes", default="1000,5000,20000")
     parser.add_argument("--model", help="a model directory (default: the cached SST-2 model)")
     parser.add_argument("--methods", default="attention,rollout,saliency")
     parser.add_argument("--evaluators", default="spearman,sufficiency:ratios=0.2")
@@ -117,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--device", "cpu", "--no-cache", "--no-floor", "--quiet",
                 "--output", str(output),
             ]  # fmt: skip
-            row = {"examples": size, **measure(command, env)}
+            row = {"examples": size, **timed(command, env, Path(folder) / "stats.json")}
             row["result_mb"] = round(output.stat().st_size / 2**20, 2)
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -128,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         "evaluators": args.evaluators.split(","),
         "batch_size": args.batch_size,
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}, torch {torch.__version__}",
+        f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}, torch {version('torch')}",
         "rows": rows,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)

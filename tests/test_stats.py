@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from attrib_bench.results.stats import bootstrap_ci, spearman_rows, summarize
+from attrib_bench.results.stats import DRAW_BLOCK, bootstrap_ci, spearman_rows, summarize
 
 
 def test_spearman_rows_equals_scipy_with_ties():
@@ -53,3 +53,31 @@ def test_corpus_summary_with_the_mean_is_the_plain_summary():
     assert corpus["ci95"] == pytest.approx(plain["ci95"])
     assert (corpus["n"], corpus["nan"]) == (39, 1)
     assert np.isnan(corpus["std"])
+
+
+@pytest.mark.parametrize("n", [1, 7, 5000, 300_000])
+def test_blocked_draws_are_the_draws_of_one_call(n):
+    """The bootstrap draws its (resamples, n) indices in blocks of bounded size: the same
+    numbers as one draw, so every CI is what it was."""
+    from attrib_bench.results.stats import resample_blocks
+
+    blocks = list(resample_blocks(n, seed=5, resamples=50))
+    assert max(block.size for block in blocks) <= max(n, DRAW_BLOCK)
+    whole = np.random.default_rng(5).integers(0, n, size=(50, n))
+    assert np.array_equal(np.concatenate(blocks), whole)
+
+
+def test_the_bootstrap_of_many_examples_needs_little_memory():
+    """50,000 examples: one draw of (1000, 50,000) indices and their values would hold 800 MB;
+    the blocks hold a few tens, for the CI and for the paired comparison's shared resampling."""
+    import tracemalloc
+
+    from attrib_bench.results.paired import resampled_means
+
+    values = np.random.default_rng(0).normal(size=(50_000, 3))
+    tracemalloc.start()
+    bootstrap_ci(values[:, 0], seed=0)
+    resampled_means(values, seed=0)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 64 * 2**20, peak / 2**20

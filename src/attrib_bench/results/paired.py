@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attrib_bench.results.stats import BOOTSTRAP_RESAMPLES
+from attrib_bench.results.stats import BOOTSTRAP_RESAMPLES, resample_blocks
 
 if TYPE_CHECKING:
     from attrib_bench.results.typed import Schema
@@ -45,11 +45,12 @@ def resampled_means(
     columns over the same examples. Equal to ``values[drawn].mean(axis=1)`` up to rounding.
     """
     n = values_EC.shape[0]
-    rng = np.random.default_rng(seed)
-    drawn = rng.integers(0, n, size=(resamples, n))
-    offsets = n * np.arange(resamples)[:, None]
-    counts = np.bincount((drawn + offsets).ravel(), minlength=resamples * n)
-    return counts.reshape(resamples, n).astype(float) @ values_EC / n
+    means = []
+    for drawn in resample_blocks(n, seed, resamples):  # bounded memory (stats.DRAW_BLOCK)
+        offsets = n * np.arange(len(drawn))[:, None]
+        counts = np.bincount((drawn + offsets).ravel(), minlength=drawn.size)
+        means.append(counts.reshape(drawn.shape).astype(float) @ values_EC / n)
+    return np.concatenate(means)
 
 
 def defined_groups(values_EC: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:

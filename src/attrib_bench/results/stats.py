@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 BOOTSTRAP_RESAMPLES = 1000
+#: Row indices drawn at once (8 bytes each): the draws' memory stays bounded however many
+#: examples a run has (one (1000, 20,000) draw would be 160 MB, and its uses several times that).
+DRAW_BLOCK = 1 << 20
+
+
+def resample_blocks(
+    n: int, seed: int, resamples: int = BOOTSTRAP_RESAMPLES
+) -> Iterator[np.ndarray]:
+    """The bootstrap's draws: ``resamples`` rows of ``n`` indices in [0, n) from
+    ``default_rng(seed)``, in blocks of whole rows of at most ``DRAW_BLOCK`` indices, the very
+    numbers one (resamples, n) draw gives."""
+    rng = np.random.default_rng(seed)
+    step = max(1, DRAW_BLOCK // n)
+    for start in range(0, resamples, step):
+        yield rng.integers(0, n, size=(min(step, resamples - start), n))
 
 
 def bootstrap_ci(
@@ -20,12 +35,14 @@ def bootstrap_ci(
     rows); [nan, nan] with fewer than 2 values."""
     if len(values) < 2:
         return [math.nan, math.nan]
-    rng = np.random.default_rng(seed)
-    drawn = rng.integers(0, len(values), size=(resamples, len(values)))
-    if statistic is None:
-        estimates = values[drawn].mean(axis=1)
-    else:
-        estimates = np.array([statistic(values[rows]) for rows in drawn])
+    estimates = np.concatenate(
+        [
+            values[drawn].mean(axis=1)
+            if statistic is None
+            else np.array([statistic(values[rows]) for rows in drawn])
+            for drawn in resample_blocks(len(values), seed, resamples)
+        ]
+    )
     low, high = np.percentile(estimates, [2.5, 97.5])
     return [float(low), float(high)]
 

@@ -10,7 +10,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,6 +39,9 @@ from attrib_bench.results.agreement import DEFAULT_K, AgreementTally
 from attrib_bench.results.merge import parse_shard
 from attrib_bench.runner.memory import PeakMemory, standalone_megabytes
 from attrib_bench.runner.scores import ExampleIndex, ScoreColumn
+
+if TYPE_CHECKING:  # the cache module imports this one
+    from attrib_bench.runner.cache import ResultCache
 
 DEFAULT_REFERENCE = "saliency"
 #: The attributor every leaderboard carries as its floor (added when not selected).
@@ -620,10 +623,7 @@ def run_single(
     batches = prepared.batches
     if result_cache.enabled(cache):
         store = result_cache.ResultCache(prepared, methods, evaluators, reference_spec, config.seed)
-        restored: set[str] = set()
-        for batch in prepared.batches:  # batch by batch, so the tally frees each one's rows
-            restored |= store.restore_complete([batch])
-            _tally_rows(tally, methods, batch, keep_rows)
+        restored = _restore_complete(store, prepared.batches, tally, methods, keep_rows)
         if restored:
             remaining = [e for e in prepared.data.examples if e.id not in restored]
             tokenizer = prepared.loaded.tokenizer
@@ -677,6 +677,22 @@ def run_single(
         store.describe() if store is not None else None,
         tally,
     )
+
+
+def _restore_complete(
+    store: ResultCache,
+    plan: BatchPlan,
+    tally: AgreementTally | None,
+    methods: Sequence[MethodState],
+    keep: bool,
+) -> set[str]:
+    """Fill in the examples every method has complete in the cache, batch by batch (so the
+    tally frees each one's rows, and no batch outlives its turn); their ids."""
+    restored: set[str] = set()
+    for batch in plan:
+        restored |= store.restore_complete([batch])
+        _tally_rows(tally, methods, batch, keep)
+    return restored
 
 
 def _tally_rows(
