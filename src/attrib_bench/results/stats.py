@@ -35,14 +35,13 @@ def bootstrap_ci(
     rows); [nan, nan] with fewer than 2 values."""
     if len(values) < 2:
         return [math.nan, math.nan]
-    estimates = np.concatenate(
-        [
-            values[drawn].mean(axis=1)
-            if statistic is None
-            else np.array([statistic(values[rows]) for rows in drawn])
-            for drawn in resample_blocks(len(values), seed, resamples)
-        ]
-    )
+    blocks = []
+    for drawn in resample_blocks(len(values), seed, resamples):
+        if statistic is None:
+            blocks.append(values[drawn].mean(axis=1))
+        else:
+            blocks.append(np.array([statistic(values[rows]) for rows in drawn]))
+    estimates = np.concatenate(blocks)
     low, high = np.percentile(estimates, [2.5, 97.5])
     return [float(low), float(high)]
 
