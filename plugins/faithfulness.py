@@ -44,9 +44,11 @@ Conventions, stated because results depend on them:
   at the target position: the original one where tokens stay in place, the re-packed input's
   own (its last real token under ``position=last``) after ``delete``.
 - Cost: all (ratio, example) variants of a batch run as a few batched forward passes of at most
-  ``chunk_tokens`` tokens each. Predictions are cached per batch by the tokens an erasure
-  removes, so another bin, evaluator or method erasing the same tokens of an example costs no
-  model call, and an erasure that removes nothing reuses the original prediction.
+  ``chunk_tokens`` tokens each; under ``delete`` and ``retokenize``, which shorten the inputs,
+  in passes of similar lengths (``attrib_bench.toolkit.erasure``). Predictions are cached per
+  batch by the tokens an erasure removes, so another bin, evaluator or method erasing the same
+  tokens of an example costs no model call, and an erasure that removes nothing reuses the
+  original prediction.
 - An example with no candidate token or a non-finite score is unscoreable (NaN).
 - ``removal=retokenize``: ferret's deletion, the kept tokens decoded and tokenised again
   (``attrib_bench.toolkit.erasure.retokenized``).

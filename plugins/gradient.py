@@ -26,6 +26,7 @@ import torch
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, Trace, UsageError
+from attrib_bench.core.target import target_score
 from attrib_bench.toolkit.captum_inputs import (
     captum_arguments,
     example_arguments,
@@ -136,36 +137,31 @@ class _EmbeddingGradient(Configurable, ABC):
 
 
 def _gradient_and_activation(
-    trace: Trace, layer: torch.nn.Module, classes_B: torch.Tensor, foils_B: torch.Tensor | None
+    trace: Trace, layer: str, classes_B: torch.Tensor, foils_B: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The explained score's gradient at ``layer``'s output and that output, (B, N, D) each,
-    from one forward and one backward pass: Captum's LayerGradientXActivation without the
-    multiplication gives the gradient, a hook on ``layer`` keeps its output."""
-    from captum.attr import LayerGradientXActivation  # captum imports matplotlib: 0.6 s
-
-    kept = []
-    handle = layer.register_forward_hook(lambda _m, _a, output: kept.append(output.detach()))
-    try:
-        method = LayerGradientXActivation(
-            scored_forward(trace.loaded), layer, multiply_by_inputs=False
-        )
-        gradient = method.attribute(
-            trace.batch.input_ids_BN, **captum_arguments(trace, classes_B, foils_B)
-        )
-    finally:
-        handle.remove()
-    return gradient, kept[0]
+    """The explained score's gradient at the ``layer`` choice's output and that output, (B, N,
+    D) each: one backward pass through the trace's own forward pass (``embedding_graph``), so
+    the floor of one forward and one backward is all these methods cost. The examples' scores
+    are summed, as Captum's LayerGradientXActivation does: each example's gradient is its own."""
+    logits_BC, layers = trace.need("embedding_graph")
+    output = layers[layer]
+    score = target_score(logits_BC, classes_B, foils_B).sum()
+    (gradient,) = torch.autograd.grad(score, output, retain_graph=True)
+    return gradient, output.detach()
 
 
 class Saliency(_EmbeddingGradient):
-    """Gradient x input (the GlobEnc reference saliency).
+    """Gradient x input (the GlobEnc reference saliency), equal to Captum's
+    LayerGradientXActivation (tests/test_gradient.py).
 
-    ``saliency`` and ``gradient`` on one batch share one forward and backward pass (the trace's
-    memo, keyed by everything that changes the gradient: the layer and the explained classes
-    and foils); each is still charged that pass's time, as if run alone.
+    Both backpropagate through the trace's forward pass, and ``saliency`` and ``gradient`` on
+    one batch share one backward pass (the trace's memo, keyed by everything that changes the
+    gradient: the layer and the explained classes and foils); each is still charged the
+    forward and that backward, as if run alone.
     """
 
     name = "saliency"
+    requires = frozenset({"embedding_graph"})
     description = "Gradient x input at the embedding output, L2 per token (Captum)"
     multiply_by_inputs = True
 
@@ -175,7 +171,7 @@ class Saliency(_EmbeddingGradient):
         foils = None if foils_B is None else foils_B.tolist()
         key = f"gradient/layer-gradient/{self.params['layer']}/{classes_B.tolist()}/{foils}"
         gradient, activation = trace.memo(
-            key, lambda: _gradient_and_activation(trace, self.layer(trace), classes_B, foils_B)
+            key, lambda: _gradient_and_activation(trace, self.params["layer"], classes_B, foils_B)
         )
         # Captum's LayerGradientXActivation multiplies the same two tensors the same way.
         return gradient * activation if self.multiply_by_inputs else gradient

@@ -362,7 +362,7 @@ def test_a_copy_with_another_model_gets_that_models_modules(tiny_bert):
 def test_sanity_randomises_a_copy_after_the_adapter_was_used(tiny_bert):
     loaded = load_model(str(tiny_bert), "cpu")
     trained = {k: v.clone() for k, v in loaded.model.state_dict().items()}
-    trace = trace_batch(loaded, one_batch(loaded, examples()), set())
+    trace = trace_batch(loaded, one_batch(loaded, examples()), Saliency.requires)
     attribution = Saliency().attribute(trace)  # reads trace.adapter.embeddings
     sanity = ModelRandomization().configure({"steps": "2"})
     scores = sanity.score(attribution, EvalContext(trace, None, 0, Saliency()))["aggregated"]

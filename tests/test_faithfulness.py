@@ -285,7 +285,7 @@ def test_erasures_are_batched_and_shared_between_bins_evaluators_and_methods():
 
 def test_erasing_every_word_does_not_depend_on_the_ranking(tiny_bert):
     loaded = load_model(str(tiny_bert), "cpu")
-    trace = trace_batch(loaded, one_batch(loaded, examples()), set())
+    trace = trace_batch(loaded, one_batch(loaded, examples()), Saliency.requires)
     saliency = Saliency().attribute(trace)
     reverse = Attribution(aggregated_BLN=-saliency.aggregated_BLN)
     context = EvalContext(trace, None, 0)
@@ -369,7 +369,7 @@ def bert64(tiny_bert):
 def test_contrastive_comprehensiveness_by_hand_on_the_tiny_model(bert64, target):
     """Float64: s(x) - mean over bins of s(x with its top-k words masked), one example at a
     time on its real tokens, with the classes and foils of the full input."""
-    trace = trace_batch(bert64, one_batch(bert64, examples()), set(), target=target)
+    trace = trace_batch(bert64, one_batch(bert64, examples()), Saliency.requires, target=target)
     attribution = Saliency().attribute(trace)
     ratios = (0.2, 0.5)
     evaluator = Comprehensiveness().configure({"ratios": "0.2/0.5"})
@@ -407,3 +407,41 @@ def test_contrastive_comprehensiveness_by_hand_on_the_tiny_model(bert64, target)
         at_20.score(attribution, EvalContext(trace, None, 0))["aggregated"],
         rtol=1e-12,
     )
+
+
+def test_packed_erasures_run_in_passes_of_similar_lengths():
+    from attrib_bench.toolkit.erasure import PADDING_SHARE, _passes
+
+    generator = np.random.default_rng(0)
+    lengths_B = generator.integers(3, 40, size=16)
+    mask_BN = torch.arange(40)[None] < torch.as_tensor(lengths_B)[:, None]
+    batch = SimpleNamespace(attention_mask_BN=mask_BN.long(), input_ids_BN=mask_BN.long())
+    keys, kept = [], {}
+    for b, n in enumerate(lengths_B):
+        for k in range(1, n - 1):  # erase the first k real tokens after [CLS]
+            erased = np.zeros(40, dtype=bool)
+            erased[1 : 1 + k] = True
+            keys.append(("delete", b, erased.tobytes()))
+            kept[keys[-1]] = n - k
+    passes = _passes(keys, batch, chunk_tokens=256)
+    assert sorted(key for chunk in passes for key in chunk) == sorted(keys)  # each key once
+    for chunk in passes:
+        padded = len(chunk) * max(kept[key] for key in chunk)
+        assert padded <= 256 or len(chunk) == 1
+        assert padded * (1 - PADDING_SHARE) <= sum(kept[key] for key in chunk)
+    unpacked = _passes([("mask", *key[1:]) for key in keys], batch, chunk_tokens=256)
+    assert [len(chunk) for chunk in unpacked[:-1]] == [256 // 40] * (len(unpacked) - 1)
+
+
+@pytest.mark.parametrize("removal", ["delete", "retokenize"])
+def test_packed_passes_give_each_variants_own_scores(tiny_bert, removal):
+    loaded = load_model(str(tiny_bert), "cpu")
+    trace = trace_batch(loaded, one_batch(loaded, examples()), Saliency.requires)
+    saliency = Saliency().attribute(trace)
+    scores = {}
+    for chunk_tokens in ("8192", "1"):  # every variant in few passes, or each alone unpadded
+        fresh = trace_batch(loaded, trace.batch, Saliency.requires)
+        options = {"removal": removal, "chunk_tokens": chunk_tokens}
+        evaluator = Comprehensiveness().configure(options)
+        scores[chunk_tokens] = evaluator.score(saliency, EvalContext(fresh, None, 0))["aggregated"]
+    np.testing.assert_allclose(scores["8192"], scores["1"], rtol=1e-5, atol=1e-6)

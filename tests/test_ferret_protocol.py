@@ -175,7 +175,8 @@ def test_class_based_aopc_is_the_mean_over_classes_of_each_class_explained(setti
     for c in range(2):  # the method's own target=gold with every label c: another code path
         relabelled = [Example(e.id, e.text, label=c) for e in batch.examples]
         explain_c = Saliency().configure({"reduce": "sum", "target": "gold"})
-        rows = explain_c.attribute(trace_batch(loaded, one_batch(loaded, relabelled), set()))
+        relabelled_batch = one_batch(loaded, relabelled)
+        rows = explain_c.attribute(trace_batch(loaded, relabelled_batch, Saliency.requires))
         for row, example in enumerate(batch.examples):
             scores = rows.aggregated_BLN[row, 0, : batch.lengths[row]].double().tolist()
             expected[row] += ferret_aopc(

@@ -93,10 +93,11 @@ def test_loo_passes_run_once_per_batch_however_many_methods(tiny_bert):
         LooTau().configure({"removal": "mask"}).score(seeded_attribution(trace, 5), context)
     finally:
         handle.remove()
-    # The 48 single-token variants of this batch fit one pass of 8192 tokens, per removal.
+    # The 48 single-token variants of this batch run in passes of similar lengths (deleting a
+    # token shortens its example: 3 passes), in place under [MASK] (one pass of 8192 tokens).
     assert candidate_count(trace) == 48
-    assert after_first == 1
-    assert len(calls) == 2
+    assert after_first == 3
+    assert len(calls) == 3 + 1
     # The same method scored again gives the same value (read from the memo).
     again = evaluator.score(seeded_attribution(trace, 0), context)["aggregated"]
     np.testing.assert_array_equal(first, again)
@@ -106,16 +107,21 @@ def test_chunking_splits_the_passes_without_changing_the_scores(tiny_bert):
     loaded = load_model(str(tiny_bert), "cpu")
     attribution_trace = full_trace(loaded, examples())
     attribution = seeded_attribution(attribution_trace, 0)
-    whole = LooTau().score(attribution, EvalContext(attribution_trace, None, 0))["aggregated"]
     trace = full_trace(loaded, examples())
     calls = []
     handle = loaded.model.register_forward_hook(lambda *_: calls.append(1))
     try:
-        small = LooTau().configure({"chunk_tokens": str(5 * trace.batch.input_ids_BN.shape[1])})
+        whole = LooTau().score(attribution, EvalContext(attribution_trace, None, 0))["aggregated"]
+        passes = len(calls)
+        tokens = 5 * trace.batch.input_ids_BN.shape[1]  # 5 variants in place, more packed
+        small = LooTau().configure({"removal": "mask", "chunk_tokens": str(tokens)})
+        small.score(attribution, EvalContext(trace, None, 0))
+        assert len(calls) - passes == -(-candidate_count(trace) // 5)
+        small = LooTau().configure({"chunk_tokens": str(tokens)})
         chunked = small.score(attribution, EvalContext(trace, None, 0))["aggregated"]
     finally:
         handle.remove()
-    assert len(calls) == -(-candidate_count(trace) // 5)
+    assert len(calls) - passes - 10 > passes  # packed: more passes than with the whole budget
     np.testing.assert_allclose(chunked, whole, atol=1e-6)
 
 

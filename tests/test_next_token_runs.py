@@ -180,7 +180,7 @@ def test_gradient_rows_equal_captums_on_the_contrastive_score_at_the_last_positi
     loaded.model.double()
     batch = one_batch(loaded, next_token_examples(loaded.tokenizer))
     assert len(set(batch.lengths)) == 2  # padded
-    trace = trace_batch(loaded, batch, set(), target=NEXT_TOKEN_TARGET)
+    trace = trace_batch(loaded, batch, Saliency.requires, target=NEXT_TOKEN_TARGET)
     embedding = loaded.model.get_input_embeddings()
     mask = batch.attention_mask_BN
     arguments = (mask, mask.sum(dim=1) - 1, batch.labels, batch.foils)
@@ -367,7 +367,7 @@ def test_gradient_methods_and_erasure_run_on_a_classifier_without_an_adapter(tin
     loaded = load_model(str(tiny_bert), "cpu", architectures={})
     assert loaded.embeddings is loaded.model.get_input_embeddings()
     assert loaded.position_ids(torch.zeros(1, 3, dtype=torch.long)) is None
-    trace = trace_batch(loaded, one_batch(loaded, examples()), set())
+    trace = trace_batch(loaded, one_batch(loaded, examples()), Saliency.requires)
     for method in (Saliency(), IntegratedGradients().configure({"steps": "4"})):
         attribution = method.attribute(trace)
         assert torch.isfinite(attribution.aggregated_BLN).all()
@@ -391,7 +391,7 @@ def test_sanity_unties_a_tied_head_so_step_one_keeps_the_trained_input_embedding
 
     class Recorder:
         name = "recorder"
-        requires = frozenset()
+        requires = Saliency.requires
 
         def attribute(self, trace):
             seen.append(
@@ -404,7 +404,7 @@ def test_sanity_unties_a_tied_head_so_step_one_keeps_the_trained_input_embedding
 
     recorder = Recorder()
     batch = one_batch(loaded, next_token_examples(loaded.tokenizer))
-    trace = trace_batch(loaded, batch, set(), target=NEXT_TOKEN_TARGET)
+    trace = trace_batch(loaded, batch, Saliency.requires, target=NEXT_TOKEN_TARGET)
     step_one = ModelRandomization().configure({"steps": "1"})
     scores = step_one.score(recorder.attribute(trace), EvalContext(trace, None, 0, recorder))
     assert scores["aggregated"].shape == (1, 3)

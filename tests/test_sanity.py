@@ -73,7 +73,7 @@ def test_a_model_independent_method_scores_exactly_one_at_every_step(loaded):
 
 def test_step_one_leaves_attention_unchanged_and_changes_gradients(loaded):
     """Step 1 re-initialises the head only: attention cannot see it, gradients must."""
-    trace = trace_batch(loaded, one_batch(loaded, examples()), {"attentions"})
+    trace = trace_batch(loaded, one_batch(loaded, examples()), {"attentions", *Saliency.requires})
     step_one = ModelRandomization().configure({"steps": "1"})
     attention = sanity_scores(step_one, RawAttention(), trace)
     np.testing.assert_allclose(attention, 1.0, rtol=0, atol=1e-12)
@@ -118,7 +118,7 @@ def test_target_chooses_whose_predicted_class_is_explained(loaded):
 
 
 def test_randomisation_is_seeded(loaded):
-    trace = trace_batch(loaded, one_batch(loaded, examples()), set())
+    trace = trace_batch(loaded, one_batch(loaded, examples()), Saliency.requires)
     first = sanity_scores(ModelRandomization(), Saliency(), trace)
     np.testing.assert_array_equal(sanity_scores(ModelRandomization(), Saliency(), trace), first)
     two = sanity_scores(ModelRandomization().configure({"steps": "2"}), Saliency(), trace)

@@ -308,7 +308,7 @@ def test_hta_reports_the_target_tokens_row(bert):
 
 @pytest.mark.parametrize("score", ["predicted", "gold"])
 def test_gradient_rows_equal_captum_with_the_run_target_class(bert, score):
-    trace = traced(bert, Target(score=score))
+    trace = traced(bert, Target(score=score), Saliency.requires)
     labels = trace.batch.labels
     assert (labels != trace.predicted_B).any()  # the two targets differ on this batch
     forward, start = from_embedding_output(bert, trace.batch)
@@ -321,7 +321,8 @@ def test_gradient_rows_equal_captum_with_the_run_target_class(bert, score):
     other = "predicted" if score == "gold" else "gold"
     overridden = Saliency().configure({"target": other}).attribute(trace).aggregated_BLN[:, 0]
     assert not torch.allclose(overridden[mask], ours[mask])
-    plain = Saliency().configure({"target": other}).attribute(traced(bert, DEFAULT_TARGET))
+    plain_trace = traced(bert, DEFAULT_TARGET, Saliency.requires)
+    plain = Saliency().configure({"target": other}).attribute(plain_trace)
     torch.testing.assert_close(overridden, plain.aggregated_BLN[:, 0])
 
 
@@ -336,7 +337,7 @@ def test_gradient_rows_equal_captum_with_the_run_target_class(bert, score):
     ids=str,
 )
 def test_contrastive_gradient_is_the_gradient_of_the_logit_difference(bert, target):
-    trace = traced(bert, target, items=WITH_FOILS)
+    trace = traced(bert, target, Saliency.requires, items=WITH_FOILS)
     classes_B, foils_B = trace.target_classes_B, trace.target_foils_B
     labels_B = trace.batch.labels
     if target.class_ == "gold":

@@ -258,6 +258,7 @@ def test_registry_holds_the_builtins_then_the_plugin_fields():
         "hidden_states",
         "values",
         "pre_layernorm",
+        "embedding_graph",
     }
     assert registry.trace_fields["ffn_activations"].source == f"file {FIELD_PLUGIN}"
     assert registry.attributor("ffn-norm").requires == {"ffn_activations"}

@@ -95,6 +95,14 @@ BUILTIN_FIELDS: tuple[TraceField, ...] = (
         "the inputs of each layer's two LayerNorms: trace.pre_ln1, trace.pre_ln2 (L tensors "
         "(B, N, D) each)",
     ),
+    TraceField(
+        "embedding_graph",
+        "the forward pass run with autograd: trace.graph_logits_BC (the target logits, (B, C), "
+        "not detached) and trace.graph_layers['embeddings' | 'word_embeddings'] "
+        "(LoadedModel.embeddings' and the word-embedding lookup's outputs, (B, N, D)), so a "
+        "gradient method backpropagates through the trace's own pass (retain_graph=True); "
+        "released once every method has read the batch",
+    ),
 )
 #: What a trace can hold without plugins; an attributor's ``requires`` is a subset of these and
 #: of the fields plugins register.

@@ -57,7 +57,7 @@ from attrib_bench.model.architectures import (
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 GGUF_INSTALL = 'pip install "attrib-bench[gguf]"'
 #: Trace fields every model returns by itself: the others hook modules through the adapter.
-ADAPTER_FREE_FIELDS = frozenset({"attentions", "hidden_states"})
+ADAPTER_FREE_FIELDS = frozenset({"attentions", "hidden_states", "embedding_graph"})
 
 
 @dataclass

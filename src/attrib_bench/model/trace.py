@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # model.load imports transformers: not needed to read a trace
 
 @dataclass
 class Trace:
-    """Internals of one batch, all detached and on the model's device.
+    """Internals of one batch, all detached (but the graph fields) and on the model's device.
 
     - ``logits_BC``: always present (every method needs the predicted class); a language
       model's next-token logits at each example's target position (``target_logits``).
@@ -42,6 +42,9 @@ class Trace:
     - ``values``: L tensors (B, N, H_kv*E): value vectors x W_V + b_V (N1(x) W_V + b_V in a
       pre-LN block; the value part of a fused projection's output).
     - ``pre_ln1`` / ``pre_ln2``: L tensors (B, N, D): the inputs of each layer's two norms.
+    - ``graph_logits_BC`` / ``graph_layers``: with ``embedding_graph`` required, the target
+      logits and the attribution layers' outputs by name (``embeddings``, ``word_embeddings``)
+      still joined by the forward pass's autograd graph, until ``release_graph``.
     - ``plugin_fields``: the captured fields plugins registered, by name (read them with
       ``need(name)``).
     - ``shared``: a per-batch memo so methods of one family compute shared pieces once.
@@ -58,6 +61,8 @@ class Trace:
     values: tuple[torch.Tensor, ...] = ()
     pre_ln1: tuple[torch.Tensor, ...] = ()
     pre_ln2: tuple[torch.Tensor, ...] = ()
+    graph_logits_BC: torch.Tensor | None = None
+    graph_layers: dict[str, torch.Tensor] = field(default_factory=dict)
     shared: dict[str, Any] = field(default_factory=dict)
     #: The run's seed, for methods with randomness (baselines, sampling).
     seed: int = 0
@@ -140,6 +145,9 @@ class Trace:
             return self.plugin_fields[name]
         if name == "pre_layernorm":
             captured = (self.pre_ln1, self.pre_ln2) if self.pre_ln1 else ()
+        elif name == "embedding_graph":
+            graph = self.graph_logits_BC is not None
+            captured = (self.graph_logits_BC, self.graph_layers) if graph else ()
         else:
             captured = getattr(self, name) if name in TRACE_FIELDS else ()
         if not captured:
@@ -147,6 +155,12 @@ class Trace:
                 f"trace field {name!r} was not captured: add it to the attributor's `requires`"
             )
         return captured
+
+    def release_graph(self) -> None:
+        """Free the forward pass's autograd graph (``embedding_graph``) once no method needs it,
+        so that it does not outlive its batch's attributions."""
+        self.graph_logits_BC = None
+        self.graph_layers = {}
 
 
 def default_target_position(loaded: LoadedModel | None) -> str:
@@ -186,6 +200,28 @@ def _keep(module: nn.Module, keep: str, into: list[Any]) -> torch.utils.hooks.Re
     return module.register_forward_hook(lambda _m, _i, out: into.append(_detached(out)))
 
 
+def _keep_graph(
+    loaded: LoadedModel, into: dict[str, torch.Tensor]
+) -> list[torch.utils.hooks.RemovableHandle]:
+    """Hook the attribution layers to keep their first output in the graph, by name: the
+    embedding module (``LoadedModel.embeddings``) and the word-embedding lookup, which are one
+    module in a language model."""
+    lookup = loaded.model.get_input_embeddings()
+    named = {"embeddings": loaded.embeddings, "word_embeddings": lookup}
+    handles = []
+    for module in {id(m): m for m in named.values()}.values():
+        names = [name for name, m in named.items() if m is module]
+
+        def keep(_m: nn.Module, _i: tuple, output: torch.Tensor, names=names) -> None:
+            if not output.requires_grad:  # frozen weights: the lookup's output is a leaf
+                output.requires_grad_()
+            for name in names:
+                into.setdefault(name, output)
+
+        handles.append(module.register_forward_hook(keep))
+    return handles
+
+
 def trace_batch(
     loaded: LoadedModel,
     batch: Batch,
@@ -202,6 +238,7 @@ def trace_batch(
     Every hook is removed after the forward pass, also when it raises.
     """
     needed = set(requires)
+    graph = "embedding_graph" in needed
     extra = {name: f for name, f in (fields or {}).items() if name not in TRACE_FIELDS}
     unknown = needed - TRACE_FIELDS - set(extra)
     if unknown:
@@ -241,7 +278,10 @@ def trace_batch(
             for name, into in kept.items():
                 for module in extra[name].hooked_modules(adapter):
                     handles.append(_keep(module, extra[name].keep, into))
-        with torch.no_grad():
+        graph_layers: dict[str, torch.Tensor] = {}
+        if graph:
+            handles += _keep_graph(loaded, graph_layers)
+        with torch.set_grad_enabled(graph):
             out = loaded.model(
                 **batch.model_inputs(),
                 output_attentions="attentions" in needed,
@@ -250,7 +290,7 @@ def trace_batch(
     finally:
         for handle in handles:
             handle.remove()
-    hidden_states = tuple(out.hidden_states or ())
+    hidden_states = tuple(h.detach() for h in out.hidden_states or ())
     if captured["final_norm"]:  # Hugging Face's last entry is the final norm's output
         hidden_states = (*hidden_states[:-1], *captured["final_norm"])
     plugin_fields = {
@@ -261,12 +301,15 @@ def trace_batch(
 
     resolved = target.resolved(default_target_position(loaded))
     positions_B = resolved.positions(batch.attention_mask_BN)
+    logits_BC = target_logits(loaded, out.logits, positions_B)
     return Trace(
         batch=batch,
         loaded=loaded,
-        logits_BC=target_logits(loaded, out.logits, positions_B).detach(),
+        logits_BC=logits_BC.detach(),
         hidden_states=hidden_states,
-        attentions=tuple(out.attentions or ()),
+        attentions=tuple(a.detach() for a in out.attentions or ()),
+        graph_logits_BC=logits_BC if graph else None,
+        graph_layers=graph_layers,
         values=tuple(captured["values"]),
         pre_ln1=tuple(captured["pre_ln1"]),
         pre_ln2=tuple(captured["pre_ln2"]),

@@ -387,20 +387,26 @@ def attribution_stream(
             requires = set().union(*(m.attributor.requires for m in todo))
             batch = batch.to(prepared.loaded.device)
             start = time.perf_counter()
-            trace = trace_batch(prepared.loaded, batch, requires, seed, fields, prepared.target)
+            with PeakMemory(prepared.loaded.device) as traced:
+                trace = trace_batch(prepared.loaded, batch, requires, seed, fields, prepared.target)
             trace_seconds = time.perf_counter() - start
             # A missing label or foil, or a foil equal to its class, stops the run here with
             # one line, not in whichever method or evaluator reads the target first.
             _ = trace.target_foils_B  # also computes (and checks) the target classes
             results: dict[str, Attribution] = {}
             for method in todo:
-                _attribute(method, trace, trace_seconds, results)
+                _attribute(method, trace, trace_seconds, traced.megabytes, results)
                 bar.advance(task, len(batch.examples))
+            trace.release_graph()
             yield trace, results
 
 
 def _attribute(
-    method: MethodState, trace: Trace, trace_seconds: float, results: dict[str, Attribution]
+    method: MethodState,
+    trace: Trace,
+    trace_seconds: float,
+    trace_megabytes: float,
+    results: dict[str, Attribution],
 ) -> None:
     """Run one method on a trace into ``results``; a failure or a bad result fails the method."""
     computed_before = set(trace.memo_seconds)
@@ -427,7 +433,7 @@ def _attribute(
     method.seconds += trace.standalone_seconds(elapsed, computed_before) + trace_seconds
     method.examples += len(trace.batch.examples)
     memory = standalone_megabytes(
-        trace, method.attributor.requires, peak.megabytes, computed_before
+        trace, method.attributor.requires, peak.megabytes, computed_before, trace_megabytes
     )
     method.batch_memory_mb = memory
     method.peak_memory_mb = max(method.peak_memory_mb, memory)

@@ -131,13 +131,19 @@ _TRACE_ATTRIBUTES = {
 
 
 def standalone_megabytes(
-    trace: Any, requires: Iterable[str], peak_megabytes: float, computed_before: set[str]
+    trace: Any,
+    requires: Iterable[str],
+    peak_megabytes: float,
+    computed_before: set[str],
+    trace_megabytes: float = 0.0,
 ) -> float:
     """A method's memory as if run alone, mirroring ``Trace.standalone_seconds``.
 
     Its own peak above the start of its call, plus the trace fields it declares (built-in or
     registered by a plugin) and every shared intermediate it read that another method computed
-    first (which its own peak cannot see).
+    first (which its own peak cannot see). A method that backpropagates through the trace's
+    forward pass (``embedding_graph``) also holds that pass's peak, ``trace_megabytes``: the
+    activations its graph keeps.
     """
     plugin_fields = getattr(trace, "plugin_fields", {})
     fields = [
@@ -147,4 +153,5 @@ def standalone_megabytes(
     ]
     fields += [plugin_fields[name] for name in requires if name in plugin_fields]
     shared = [trace.shared[key] for key in trace.accessed & computed_before if key in trace.shared]
-    return peak_megabytes + tensor_megabytes(fields) + tensor_megabytes(shared)
+    graph = trace_megabytes if "embedding_graph" in requires else 0.0
+    return peak_megabytes + graph + tensor_megabytes(fields) + tensor_megabytes(shared)
