@@ -1,4 +1,6 @@
-"""Gradient methods at the embedding layer, through Captum (../shared/specs/evaluation.md).
+"""Gradient methods at the embedding layer (../shared/specs/evaluation.md): ``saliency`` and
+``gradient`` backpropagate through the trace's own forward pass (equal to Captum's
+LayerGradientXActivation, tests/test_gradient.py), the others run Captum.
 
 ``layer=embeddings`` (the default) attributes at the output of the embedding module
 (``LoadedModel.embeddings``: an encoder family's ``hidden_states[0]``, after the embedding
@@ -162,7 +164,7 @@ class Saliency(_EmbeddingGradient):
 
     name = "saliency"
     requires = frozenset({"embedding_graph"})
-    description = "Gradient x input at the embedding output, L2 per token (Captum)"
+    description = "Gradient x input at the embedding output, L2 per token (as Captum's)"
     multiply_by_inputs = True
 
     def per_dimension(
@@ -179,7 +181,7 @@ class Saliency(_EmbeddingGradient):
 
 class Gradient(Saliency):
     name = "gradient"
-    description = "Plain gradient at the embedding output, L2 per token (Captum)"
+    description = "Plain gradient at the embedding output, L2 per token (as Captum's)"
     multiply_by_inputs = False
 
 
