@@ -20,6 +20,7 @@ any Hugging Face classifier or causal language model.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -27,10 +28,9 @@ from typing import TYPE_CHECKING
 import torch
 
 import attrib_bench
-from attrib_bench import Attribution, Configurable, Trace, UsageError
+from attrib_bench import Attribution, Batch, Configurable, Trace, UsageError
 from attrib_bench.core.target import target_score
 from attrib_bench.toolkit.captum_inputs import (
-    captum_arguments,
     example_arguments,
     example_seed,
     explained_classes,
@@ -56,6 +56,22 @@ def _pad_baseline(trace: Trace) -> torch.Tensor:
         batch.input_ids_BN,
         torch.full_like(batch.input_ids_BN, pad_id),
     )
+
+
+def _padded(batch: Batch, row: int, values: torch.Tensor) -> torch.Tensor:
+    """Example ``row``'s attribution over its real tokens, (1, n, D), at its places in the
+    padded batch, (N, D): zero on padding."""
+    real_N = batch.attention_mask_BN[row].bool()
+    padded = values.new_zeros(batch.input_ids_BN.shape[1:] + values.shape[-1:])
+    padded[real_N] = values[0]
+    return padded
+
+
+def steps_per_pass(steps: int, tokens: int, length: int) -> int:
+    """Path steps of one example of ``length`` tokens per pass of at most ``tokens`` tokens
+    (at least one), the passes made as even as their number allows."""
+    passes = math.ceil(steps / max(1, tokens // length))
+    return math.ceil(steps / passes)
 
 
 class _Scored(torch.nn.Module):
@@ -193,11 +209,14 @@ class IntegratedGradients(_EmbeddingGradient):
     baseline by running the model on its token ids, so both runs get the real input's position
     ids: RoBERTa-family models would otherwise renumber the baseline's tokens around its [PAD]s.
 
-    ``internal_batch_size`` is Captum's: the sequences (examples x path steps) in one forward
-    and backward pass. Its default, 0, means the batch's own size: one path step per pass, so
-    peak memory grows with ``--batch-size`` and not with ``steps``. A larger value puts several
-    steps in a pass (Captum rounds it down to whole steps; below the batch size it is the batch
-    size). The chunking changes only the order in which the steps' gradients are summed.
+    Each example's path runs over its real tokens alone (Captum called per example), so no
+    pass computes padding (14% of the tokens of length-sorted batches of 16 SST-2 sentences).
+    A pass holds path steps of one example, as many as fit in the tokens of
+    ``internal_batch_size`` sequences of the batch's padded length; the default, 0, means the
+    batch's size, so a pass is never larger than the batch's own forward pass and peak memory
+    grows with ``--batch-size``, not with ``steps`` (``steps_per_pass``: as many passes as
+    needed, as even as their number allows). The chunking changes only the order in which the
+    steps' gradients are summed.
     """
 
     name = "integrated-gradients"
@@ -220,16 +239,23 @@ class IntegratedGradients(_EmbeddingGradient):
 
         batch = trace.batch
         method = LayerIntegratedGradients(scored_forward(trace.loaded), self.layer(trace))
-        return method.attribute(
-            batch.input_ids_BN,
-            baselines=_pad_baseline(trace),
-            **captum_arguments(
-                trace, classes_B, foils_B, trace.loaded.position_ids(batch.input_ids_BN)
-            ),
-            n_steps=self.params["steps"],
-            # Captum warns, then uses the batch size, when asked for fewer sequences than that.
-            internal_batch_size=max(self.params["internal_batch_size"], len(batch.input_ids_BN)),
-        )
+        sequences = self.params["internal_batch_size"] or len(batch.input_ids_BN)
+        tokens = sequences * batch.input_ids_BN.shape[1]
+        baseline_BN = _pad_baseline(trace)
+        rows = []
+        for row in range(len(batch.input_ids_BN)):
+            ids, arguments = example_arguments(trace, row, classes_B, foils_B)
+            real_N = batch.attention_mask_BN[row].bool()
+            steps = self.params["steps"]
+            values = method.attribute(
+                ids,
+                baselines=baseline_BN[row : row + 1, real_N],
+                **arguments,
+                n_steps=steps,
+                internal_batch_size=steps_per_pass(steps, tokens, ids.shape[1]),
+            )
+            rows.append(_padded(batch, row, values))
+        return torch.stack(rows)
 
 
 class DeepLift(_EmbeddingGradient):
@@ -269,9 +295,7 @@ class DeepLift(_EmbeddingGradient):
                 values = method.attribute(
                     ids, baselines=baseline_BN[row : row + 1, real_N], **arguments
                 )
-            padded = values.new_zeros(batch.input_ids_BN.shape[1:] + values.shape[-1:])
-            padded[real_N] = values[0]
-            rows.append(padded)
+            rows.append(_padded(batch, row, values))
         return torch.stack(rows)
 
 
@@ -335,9 +359,7 @@ class GradientShap(_EmbeddingGradient):
                     target=arguments["target"],
                     additional_forward_args=(ids, *args),
                 )
-            padded = values.new_zeros(batch.input_ids_BN.shape + values.shape[-1:])
-            padded[row, batch.attention_mask_BN[row].bool()] = values[0]
-            rows.append(padded[row])
+            rows.append(_padded(batch, row, values))
         return torch.stack(rows)
 
 

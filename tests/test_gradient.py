@@ -9,7 +9,7 @@ from helpers import examples, one_batch
 
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
-from attrib_bench_plugins.gradient import Gradient, Saliency
+from attrib_bench_plugins.gradient import Gradient, Saliency, steps_per_pass
 from attrib_bench_plugins.gradient import IntegratedGradients as OurIG
 
 
@@ -126,10 +126,13 @@ def test_integrated_gradients_baseline_keeps_the_kept_tokens_embeddings(tiny_mod
         OurIG().configure({"steps": "2"}).attribute(trace)
     finally:
         handle.remove()
-    original = embedded[tuple(batch.input_ids_BN.flatten().tolist())]
-    baseline = embedded[tuple(baseline_ids.flatten().tolist())]
-    kept = baseline_ids == batch.input_ids_BN  # special tokens and padding
-    torch.testing.assert_close(baseline[kept], original[kept])
+    for row in range(len(batch.input_ids_BN)):  # each example's path over its real tokens
+        real_N = batch.attention_mask_BN[row].bool()
+        ids, base = batch.input_ids_BN[row, real_N], baseline_ids[row, real_N]
+        original, baseline = embedded[tuple(ids.tolist())], embedded[tuple(base.tolist())]
+        kept = base == ids  # the special tokens
+        assert kept.sum() >= 2
+        torch.testing.assert_close(baseline[0, kept], original[0, kept])
 
 
 # ---- layer= and reduce= options, DeepLift, GradientSHAP -------------------------------------
@@ -150,11 +153,13 @@ def layer_gradient(loaded, trace, layer):
         kept["out"] = output
 
     handle = layer.register_forward_hook(hook)
+    loaded.model.requires_grad_(True)  # load_model freezes the weights; the reference does not
     try:
         logits = loaded.model(**trace.batch.model_inputs()).logits
+        logits.gather(1, trace.predicted_B[:, None]).sum().backward()
     finally:
         handle.remove()
-    logits.gather(1, trace.predicted_B[:, None]).sum().backward()
+        loaded.model.requires_grad_(False)
     return kept["out"].grad.detach(), kept["out"].detach()
 
 
@@ -347,6 +352,17 @@ def test_saliency_and_gradient_backpropagate_once_through_the_traces_pass(tiny_b
         Gradient().configure({"target": "gold", "layer": "word_embeddings"}).attribute(trace)
 
 
+def test_weights_are_frozen_and_gradients_reach_only_the_inputs(tiny_bert):
+    """load_model freezes the weights: the gradient methods' and IG's backward passes give no
+    weight gradients, and autograd keeps no tensors for them."""
+    loaded = load_model(str(tiny_bert), "cpu")
+    assert not any(p.requires_grad for p in loaded.model.parameters())
+    trace = trace_batch(loaded, one_batch(loaded, examples()), Saliency.requires)
+    Saliency().attribute(trace)
+    OurIG().configure({"steps": "2"}).attribute(trace)
+    assert all(p.grad is None for p in loaded.model.parameters())
+
+
 def test_saliency_and_gradient_are_each_charged_the_shared_pass(tiny_bert):
     loaded = load_model(str(tiny_bert), "cpu")
     trace = trace_batch(loaded, one_batch(loaded, examples()), Saliency.requires)
@@ -357,31 +373,62 @@ def test_saliency_and_gradient_are_each_charged_the_shared_pass(tiny_bert):
     assert trace.accessed == {key}  # the runner charges the memo's time to every reader
 
 
-def test_integrated_gradients_passes_hold_one_batch_by_default(tiny_bert, monkeypatch):
+def test_integrated_gradients_passes_hold_no_padding_and_at_most_one_batch(tiny_bert):
+    """Each example's path runs over its real tokens in passes of at most the batch's tokens
+    (``internal_batch_size`` padded sequences' worth, by default the batch's size)."""
     loaded = load_model(str(tiny_bert), "cpu")
     trace = trace_batch(loaded, one_batch(loaded, examples()), set())
-    batch_size, steps = len(trace.batch.input_ids_BN), 7
-    forwards, backwards = counted_passes(loaded, monkeypatch)
-    OurIG().configure({"steps": str(steps)}).attribute(trace)
-    # the input's and the baseline's layer outputs, then one pass per step
-    assert forwards == [batch_size] * (steps + 2) and len(backwards) == steps
-    forwards.clear()
-    OurIG().configure({"steps": str(steps), "internal_batch_size": str(3 * batch_size)}).attribute(
-        trace
+    batch, steps = trace.batch, 7
+    lengths = batch.attention_mask_BN.sum(dim=1).tolist()
+    shapes = []
+    loaded.model.register_forward_pre_hook(
+        lambda _m, _args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
+        with_kwargs=True,
     )
-    assert forwards == [batch_size] * 2 + [3 * batch_size] * 2 + [batch_size]
+    for sequences in (0, 1):
+        shapes.clear()
+        ours = OurIG().configure({"steps": str(steps), "internal_batch_size": str(sequences)})
+        ours.attribute(trace)
+        tokens = (sequences or len(lengths)) * batch.input_ids_BN.shape[1]
+        for n in lengths:  # the input's and the baseline's layer outputs, then the path steps
+            assert shapes[:2] == [(1, n), (1, n)]
+            per_pass = steps_per_pass(steps, tokens, n)
+            passes = -(-steps // per_pass)
+            expected = [(per_pass, n)] * (passes - 1) + [(steps - per_pass * (passes - 1), n)]
+            assert shapes[2 : 2 + passes] == expected
+            assert all(rows * n <= tokens for rows, _ in expected)
+            del shapes[: 2 + passes]
+        assert not shapes
+    assert steps_per_pass(50, 16 * 53, 40) == 17  # 21 fit: three passes of 17, 17 and 16
+    assert steps_per_pass(50, 16, 40) == 1  # one step at least
 
 
 def test_integrated_gradients_internal_batches_change_only_the_summation_order(tiny_bert):
     _, trace = float64_setup(tiny_bert)
     steps = 9
     whole = str(steps * len(trace.batch.input_ids_BN))
-    ours = OurIG().configure({"steps": str(steps), "reduce": "sum"})
-    default = ours.per_dimension(trace, trace.predicted_B, None)
+    ours = OurIG().configure({"steps": str(steps), "reduce": "sum", "internal_batch_size": "1"})
+    step_by_step = ours.per_dimension(trace, trace.predicted_B, None)
     one_pass = ours.configure({"internal_batch_size": whole}).per_dimension(
         trace, trace.predicted_B, None
     )
-    torch.testing.assert_close(default, one_pass, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(step_by_step, one_pass, rtol=1e-12, atol=1e-14)
+    # and the padded batch in one Captum call gives the same numbers on the real tokens
+    from captum.attr import LayerIntegratedGradients
+
+    from attrib_bench.toolkit.captum_inputs import captum_arguments, scored_forward
+
+    batch = trace.batch
+    loaded = trace.loaded
+    padded = LayerIntegratedGradients(scored_forward(loaded), loaded.embeddings).attribute(
+        batch.input_ids_BN,
+        baselines=pad_baseline(loaded, batch),
+        **captum_arguments(trace, trace.predicted_B, None, loaded.position_ids(batch.input_ids_BN)),
+        n_steps=steps,
+    )
+    mask = batch.attention_mask_BN.bool()
+    torch.testing.assert_close(one_pass[mask], padded[mask], rtol=1e-10, atol=1e-12)
+    assert not one_pass[~mask].any()
 
 
 def test_integrated_gradients_internal_batch_size_is_validated():

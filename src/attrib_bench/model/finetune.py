@@ -270,7 +270,7 @@ def build_proxy(
         advance(loss.item())
     seconds = time.perf_counter() - start
     after = _probe_mse(student, teacher, probe, device)
-    loaded.model.requires_grad_(True)
+    loaded.model.requires_grad_(False)  # as loaded
     return {
         "reinit_top": k,
         "reinit_steps": config.reinit_steps,
@@ -333,6 +333,7 @@ def _train(
             report = build_proxy(loaded, config, batches, probe, advance)
             if proxy_report is not None:
                 proxy_report.update(report)
+        loaded.model.requires_grad_(True)  # load_model freezes the weights
         optimizer = torch.optim.AdamW(loaded.model.parameters(), lr=config.learning_rate)
         schedule = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.1, total_iters=steps)
         generator = torch.Generator().manual_seed(config.seed)

@@ -377,7 +377,8 @@ def load_model(
     warn_fresh_head: bool = True,
     architectures: Mapping[str, ArchitectureSpec] | None = None,
 ) -> LoadedModel:
-    """Load a classifier or a causal language model with eager attention, eval mode, float32.
+    """Load a classifier or a causal language model with eager attention, eval mode, float32,
+    weights frozen (``requires_grad`` off).
 
     A directory holding only an encoder gets a freshly initialised head and a warning: its
     predictions, and so gradient attributions, mean nothing until it is fine-tuned.
@@ -423,7 +424,9 @@ def load_model(
     if model.dtype != torch.float32:  # transformers 5 keeps a checkpoint's dtype (bf16)
         model.float()  # never a GGUF model: dequantised to float32, and refusing .float()
     resolved = resolve_device(device)
-    model.to(resolved).eval()
+    # Attributions differentiate inputs, never weights: frozen weights spare every backward pass
+    # the tensors autograd would keep for weight gradients (fine-tuning unfreezes them).
+    model.to(resolved).eval().requires_grad_(False)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
