@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from attrib_bench.runner.memory import PeakMemory, standalone_megabytes, tensor_megabytes
+from attrib_bench.runner.memory import (
+    SAMPLE_SECONDS,
+    PeakMemory,
+    standalone_megabytes,
+    tensor_megabytes,
+)
 
 SLEEP_PER_EXAMPLE = 0.1  # seconds
 ALLOCATED_MB = 64
@@ -78,6 +84,7 @@ def test_peak_memory_sees_an_allocation_freed_before_the_end():
     with PeakMemory(torch.device("cpu")) as peak:
         block = torch.ones(64, 2**20 // 4)  # 64 MB, touched
         block.add_(1)
+        time.sleep(3 * SAMPLE_SECONDS)  # a peak that lasts longer than the sampling interval
         del block
     assert 48 < peak.megabytes < 200
 

@@ -68,13 +68,16 @@ _MALLOC = _malloc_reader()
 #: What the CPU measure reads: "malloc" (allocated bytes) or "rss" (resident set).
 CPU_SOURCE = "malloc" if _MALLOC is not None else "rss"
 _cpu_bytes: Callable[[], int] = _MALLOC or _rss
+#: The CPU sampler's interval. Every wake-up preempts one of torch's threads: sampling each
+#: millisecond made Integrated Gradients 6% to 25% slower on 2 cores (benchmarks/ferret_speed.py).
+SAMPLE_SECONDS = 0.01
 
 
 class PeakMemory:
     """``with PeakMemory(device) as peak: ...`` then ``peak.megabytes`` above the start.
 
-    On the CPU a thread samples every millisecond, so a peak shorter than that can be missed;
-    on CUDA the allocator's own peak counter is exact.
+    On the CPU a thread samples every ``SAMPLE_SECONDS``, so a peak shorter than that can be
+    missed; on CUDA the allocator's own peak counter is exact.
     """
 
     def __init__(self, device: torch.device):
@@ -96,7 +99,7 @@ class PeakMemory:
     def _sample(self) -> None:
         while self._running:
             self._peak = max(self._peak, _cpu_bytes())
-            time.sleep(0.001)
+            time.sleep(SAMPLE_SECONDS)
 
     def __exit__(self, *exc: object) -> None:
         if self.device.type == "cuda":
