@@ -239,6 +239,7 @@ class IntegratedGradients(_EmbeddingGradient):
 
         batch = trace.batch
         method = LayerIntegratedGradients(scored_forward(trace.loaded), self.layer(trace))
+        steps = self.params["steps"]
         sequences = self.params["internal_batch_size"] or len(batch.input_ids_BN)
         tokens = sequences * batch.input_ids_BN.shape[1]
         baseline_BN = _pad_baseline(trace)
@@ -246,7 +247,6 @@ class IntegratedGradients(_EmbeddingGradient):
         for row in range(len(batch.input_ids_BN)):
             ids, arguments = example_arguments(trace, row, classes_B, foils_B)
             real_N = batch.attention_mask_BN[row].bool()
-            steps = self.params["steps"]
             values = method.attribute(
                 ids,
                 baselines=baseline_BN[row : row + 1, real_N],

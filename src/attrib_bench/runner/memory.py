@@ -69,7 +69,7 @@ _MALLOC = _malloc_reader()
 CPU_SOURCE = "malloc" if _MALLOC is not None else "rss"
 _cpu_bytes: Callable[[], int] = _MALLOC or _rss
 #: The CPU sampler's interval. Every wake-up preempts one of torch's threads: sampling each
-#: millisecond made Integrated Gradients 6% to 25% slower on 2 cores (benchmarks/ferret_speed.py).
+#: millisecond slowed Integrated Gradients on 2 cores (benchmarks/sampler_cost.py).
 SAMPLE_SECONDS = 0.01
 
 
