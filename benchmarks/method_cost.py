@@ -14,10 +14,11 @@ Per length: the plain forward pass (``model(**inputs)`` under no_grad, no extra 
 method what the runner does (runner/engine.py ``attribution_stream``): one ``trace_batch`` with the
 fields the method requires, then ``attribute``, both timed, on a fresh trace each time (nothing
 memoised carries over). Seconds are medians of ``--repeats`` runs after a warm-up; peak memory is
-``attrib_bench.runner.memory.PeakMemory`` (CUDA's allocator peak, or on the CPU sampled malloc'd
-bytes, the resident set without glibc's mallinfo2) above the start: the trace's own peak, and the
-attribute step's as the leaderboard counts it (``standalone_megabytes``: its peak plus the trace
-fields it reads); a method's peak is the larger of the two.
+``attrib_bench.runner.memory.PeakMemory`` (CUDA's allocator peak, or on the CPU the kernel's
+reset resident high-water mark, a sampled resident set where it cannot be reset) above the start:
+the trace's own peak, and the attribute step's as the leaderboard counts it
+(``standalone_megabytes``: its peak plus the trace fields it reads); a method's peak is the
+larger of the two.
 
 Each run starts with a plain forward pass of the same batch, and the ratio to the forward pass is
 the median over runs of (trace + attribute) / that forward: on a shared CPU a burst of someone
@@ -196,7 +197,7 @@ def run_once(
 ) -> Run:
     """A plain forward pass (the paired denominator), then trace and attribute as the runner
     does for one method alone on a batch; memory only when asked (timed runs go without
-    PeakMemory, whose sampler thread takes CPU time)."""
+    PeakMemory, whose fallback sampler thread takes CPU time)."""
     forward_s = forward_seconds(loaded, batch)
     fields = registry.trace_field_specs()
     with PeakMemory(loaded.device) if memory else nullcontext() as trace_peak:
@@ -355,7 +356,9 @@ def under_rule(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
 def markdown(report: dict[str, Any]) -> str:
     info = report["machine"]
     cuda = info["device"].startswith("cuda")
-    source = "CUDA max_memory_allocated" if cuda else f"sampled {info['cpu_memory_source']} bytes"
+    cpu_sources = {"vmhwm": "resident peak (VmHWM, reset)", "malloc": "sampled malloc'd bytes"}
+    cpu = cpu_sources.get(info["cpu_memory_source"], info["cpu_memory_source"])
+    source = "CUDA max_memory_allocated" if cuda else cpu
     lines = [
         "# Method cost against the plain forward pass (issue 13)",
         "",

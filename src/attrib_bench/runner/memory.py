@@ -1,10 +1,12 @@
-"""Peak memory of a block of code: CUDA's allocator counter, or sampled allocated bytes on the CPU.
+"""Peak memory of a block of code: CUDA's allocator counter, or the kernel's resident peak (CPU).
 
-On the CPU the resident set is a poor per-method measure: freed pages stay with the process, so a
-method that reuses memory an earlier method released shows no growth. Where glibc offers
-``mallinfo2`` (glibc >= 2.33) the sampler reads the bytes malloc has handed out and not taken
-back (torch's CPU tensors are malloc'd), the CPU analogue of ``torch.cuda.memory_allocated``;
-elsewhere it falls back to the resident set.
+On the CPU the kernel keeps the process's resident high-water mark (``VmHWM``) and resets it on
+request (writing ``5`` to ``/proc/self/clear_refs``, Linux >= 4.0), so the peak costs nothing
+while the block runs: a sampling thread preempted torch's threads and slowed Integrated Gradients
+by 1.26x at 10 ms (benchmarks/results/sampler_cost.md). Freed pages stay with the process, so a
+block that reuses memory an earlier one released would show no growth: ``malloc_trim`` first
+hands glibc's free pages back to the kernel, and the block's own allocations fault them in again.
+Where the mark cannot be reset (no ``clear_refs``, no glibc), a thread samples the resident set.
 """
 
 from __future__ import annotations
@@ -21,24 +23,9 @@ import torch
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MEGABYTE = 2**20
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
+_CLEAR_REFS = "/proc/self/clear_refs"
+#: The fallback sampler's interval; each wake-up preempts one of torch's threads.
+SAMPLE_SECONDS = 0.01
 
 
 def _rss() -> int:
@@ -46,38 +33,49 @@ def _rss() -> int:
         return int(handle.read().split()[1]) * PAGE
 
 
-def _malloc_reader() -> Callable[[], int] | None:
-    """Bytes in use by malloc (heap chunks plus mmapped chunks), or None without mallinfo2."""
+def _high_water_mark() -> int:
+    """The resident peak since the last reset (``VmHWM``), in bytes."""
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("/proc/self/status has no VmHWM")
+
+
+def _trimmer() -> Callable[[], None] | None:
+    """glibc's ``malloc_trim(0)``, or None where the C library has none."""
     name = ctypes.util.find_library("c")
     try:
-        mallinfo2 = ctypes.CDLL(name).mallinfo2 if name else None
+        trim = ctypes.CDLL(name).malloc_trim if name else None
     except (OSError, AttributeError):
         return None
-    if mallinfo2 is None:
+    if trim is None:
         return None
-    mallinfo2.restype = _MallInfo2
-
-    def allocated() -> int:
-        info = mallinfo2()
-        return info.uordblks + info.hblkhd
-
-    return allocated
+    trim.argtypes = [ctypes.c_size_t]
+    return lambda: trim(0)
 
 
-_MALLOC = _malloc_reader()
-#: What the CPU measure reads: "malloc" (allocated bytes) or "rss" (resident set).
-CPU_SOURCE = "malloc" if _MALLOC is not None else "rss"
-_cpu_bytes: Callable[[], int] = _MALLOC or _rss
-#: The CPU sampler's interval. Every wake-up preempts one of torch's threads: sampling each
-#: millisecond slowed Integrated Gradients on 2 cores (benchmarks/sampler_cost.py).
-SAMPLE_SECONDS = 0.01
+def _resettable() -> bool:
+    try:
+        with open(_CLEAR_REFS, "w") as handle:
+            handle.write("5")
+        _high_water_mark()
+    except OSError:
+        return False
+    return True
+
+
+_TRIM = _trimmer()
+#: How the CPU peak is read: "vmhwm" (the kernel's reset high-water mark) or "sampled-rss".
+CPU_SOURCE = "vmhwm" if _TRIM is not None and _resettable() else "sampled-rss"
 
 
 class PeakMemory:
     """``with PeakMemory(device) as peak: ...`` then ``peak.megabytes`` above the start.
 
-    On the CPU a thread samples every ``SAMPLE_SECONDS``, so a peak shorter than that can be
-    missed; on CUDA the allocator's own peak counter is exact.
+    Exact on CUDA (the allocator's peak counter) and on Linux with glibc (the kernel's resident
+    high-water mark); elsewhere a thread samples every ``SAMPLE_SECONDS`` and can miss a peak
+    shorter than that. Blocks must not nest: each one resets the process-wide mark.
     """
 
     def __init__(self, device: torch.device):
@@ -89,8 +87,13 @@ class PeakMemory:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self._start = torch.cuda.memory_allocated(self.device)
+        elif CPU_SOURCE == "vmhwm":
+            _TRIM()
+            with open(_CLEAR_REFS, "w") as handle:
+                handle.write("5")
+            self._start = _rss()
         else:
-            self._start = self._peak = _cpu_bytes()
+            self._start = self._peak = _rss()
             self._running = True
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
@@ -98,17 +101,19 @@ class PeakMemory:
 
     def _sample(self) -> None:
         while self._running:
-            self._peak = max(self._peak, _cpu_bytes())
+            self._peak = max(self._peak, _rss())
             time.sleep(SAMPLE_SECONDS)
 
     def __exit__(self, *exc: object) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             peak = torch.cuda.max_memory_allocated(self.device)
+        elif CPU_SOURCE == "vmhwm":
+            peak = _high_water_mark()
         else:
             self._running = False
             self._thread.join()
-            peak = max(self._peak, _cpu_bytes())
+            peak = max(self._peak, _rss())
         self.megabytes = max(peak - self._start, 0) / MEGABYTE
 
 
