@@ -2,8 +2,10 @@
 
 On the CPU the kernel keeps the process's resident high-water mark (``VmHWM``) and resets it on
 request (writing ``5`` to ``/proc/self/clear_refs``, Linux >= 4.0), so the peak costs nothing
-while the block runs: a sampling thread preempted torch's threads and slowed Integrated Gradients
-by 1.26x at 10 ms (benchmarks/results/sampler_cost.md). Freed pages stay with the process, so a
+while the block runs. The sampler it replaced read malloc's bytes (``mallinfo2``, which locks
+every arena while torch allocates) every 10 ms and slowed Integrated Gradients 1.26x; neither the
+kernel's mark nor a sampled resident set costs it measurably
+(benchmarks/results/sampler_cost.md). Freed pages stay with the process, so a
 block that reuses memory an earlier one released would show no growth: ``malloc_trim`` first
 hands glibc's free pages back to the kernel, and the block's own allocations fault them in again.
 Where the mark cannot be reset (no ``clear_refs``, no glibc), a thread samples the resident set.
@@ -24,7 +26,7 @@ import torch
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MEGABYTE = 2**20
 _CLEAR_REFS = "/proc/self/clear_refs"
-#: The fallback sampler's interval; each wake-up preempts one of torch's threads.
+#: The fallback sampler's interval.
 SAMPLE_SECONDS = 0.01
 
 
