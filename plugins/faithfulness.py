@@ -48,7 +48,8 @@ Conventions, stated because results depend on them:
   in passes of similar lengths (``attrib_bench.toolkit.erasure``). Predictions are cached per
   batch by the tokens an erasure removes, so another bin, evaluator or method erasing the same
   tokens of an example costs no model call, and an erasure that removes nothing reuses the
-  original prediction.
+  original prediction (under ``retokenize``, where decoding and tokenising again gives the
+  input back token for token: ``round_trip_restores``).
 - An example with no candidate token or a non-finite score is unscoreable (NaN).
 - ``removal=retokenize``: ferret's deletion, the kept tokens decoded and tokenised again
   (``attrib_bench.toolkit.erasure.retokenized``).
@@ -78,6 +79,7 @@ from attrib_bench.toolkit.erasure import (
     erased_log_probs,
     explained,
     resolve_removal,
+    round_trip_restores,
 )
 from attrib_bench.toolkit.ranking import ROUNDINGS, rationale_mask, scored_row
 
@@ -151,8 +153,9 @@ class Erasure(Configurable, ABC):
         erase_RBN = rationale_RBN if self.mode == "remove" else candidates_BN & ~rationale_RBN
         if evaluated_RB is None:
             evaluated_RB = np.ones(erase_RBN.shape[:2], dtype=bool)
-        # An erasure of nothing is the input itself, except after a decode round trip.
-        run_RB = evaluated_RB & (erase_RBN.any(axis=-1) | (removal == "retokenize"))
+        # An erasure of nothing is the input itself, unless a decode round trip changes it.
+        changed_B = ~round_trip_restores(trace) if removal == "retokenize" else False
+        run_RB = evaluated_RB & (erase_RBN.any(axis=-1) | changed_B)
         # Keyed by what is erased, so that bins, evaluators and methods that erase the same
         # tokens of an example share one model call.
         keys = {

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from attrib_bench.runner import memory
 from attrib_bench.runner.memory import (
     CPU_SOURCE,
     PeakMemory,
@@ -84,6 +86,15 @@ def test_peak_memory_sees_an_allocation_freed_before_the_end():
         block.add_(1)
         del block
     assert 60 < peak.megabytes < 80
+
+
+def test_peak_memory_times_the_block_not_its_own_setup(monkeypatch):
+    """The trim before the block is the measure's cost, not the method's (``seconds``)."""
+    monkeypatch.setattr(memory, "_TRIM", lambda: time.sleep(0.3))
+    monkeypatch.setattr(memory, "CPU_SOURCE", "vmhwm")
+    with PeakMemory(torch.device("cpu")) as peak:
+        time.sleep(0.05)
+    assert 0.05 <= peak.seconds < 0.2
 
 
 def _megabyte_chunks() -> list[torch.Tensor]:

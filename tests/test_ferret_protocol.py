@@ -5,6 +5,8 @@ utils_from_soft_to_discrete.py's ``_get_id_tokens_percentage`` and default argum
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +17,7 @@ from attrib_bench.core.interfaces import Example
 from attrib_bench.core.target import DEFAULT_TARGET, Target
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
-from attrib_bench.toolkit.erasure import retokenized
+from attrib_bench.toolkit.erasure import CACHE_KEY, retokenized, round_trip_restores
 from attrib_bench_plugins.faithfulness import FERRET_RATIOS, Comprehensiveness, Sufficiency
 from attrib_bench_plugins.gradient import Saliency
 from attrib_bench_plugins.loo import LooTau
@@ -234,3 +236,38 @@ def test_retokenize_round_trips_single_texts_and_pairs(tiny_model):
     shorter = retokenized(inputs, erase_first_word, batch.special_tokens_mask_BN, loaded.tokenizer)
     expected = loaded.tokenizer("film was not good .", "a truly wonderful story")["input_ids"]
     assert shorter["input_ids"][0, : len(expected)].tolist() == expected
+
+
+def test_erasing_nothing_runs_no_pass_where_the_round_trip_gives_the_input_back(setting):
+    """Sufficiency at 100% of an all-positive ranking keeps every token: no model call where
+    decoding and tokenising again gives the same tokens, one where it does not ("the ##re"
+    decodes to "there", one token), and the scores are still ferret's."""
+    loaded, batch, _ = setting
+    row = next(i for i, e in enumerate(batch.examples) if e.text == TEXTS[1])
+    ids = batch.input_ids_BN.clone()
+    assert loaded.tokenizer.convert_ids_to_tokens(ids[row, 1].item()) == "the"
+    ids[row, 2] = loaded.tokenizer.convert_tokens_to_ids("##re")  # "film" -> "##re"
+    odd = dataclasses.replace(batch, input_ids_BN=ids)
+    N = ids.shape[1]
+    scores_BN = (1.0 + torch.arange(N) / N) * odd.attention_mask_BN  # positive, no ties
+    positive = Attribution(aggregated_BLN=scores_BN[:, None, :].float())
+    trace, values = scored(loaded, odd, positive, Sufficiency())
+    assert round_trip_restores(trace).tolist() == [b != row for b in range(len(batch.examples))]
+    erased_nothing = {
+        b for _, b, mask in trace.shared[CACHE_KEY] if not np.frombuffer(mask, bool).any()
+    }
+    assert erased_nothing == {row}
+    classes = trace.target_classes_B.tolist()
+    for b, example in enumerate(odd.examples):
+        if b == row:  # its input is not the tokenisation of any text ferret's loop starts from
+            continue
+        n = odd.lengths[b]
+        expected = ferret_aopc(
+            loaded.model,
+            loaded.tokenizer,
+            example.text,
+            scores_BN[b, :n].tolist(),
+            classes[b],
+            True,
+        )
+        assert values[b] == pytest.approx(expected, abs=1e-6), example.text

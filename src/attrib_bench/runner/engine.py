@@ -7,7 +7,6 @@ kept per example (keyed by example id) and summarised per layer at the end.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -386,10 +385,9 @@ def attribution_stream(
                 continue
             requires = set().union(*(m.attributor.requires for m in todo))
             batch = batch.to(prepared.loaded.device)
-            start = time.perf_counter()
             with PeakMemory(prepared.loaded.device) as traced:
                 trace = trace_batch(prepared.loaded, batch, requires, seed, fields, prepared.target)
-            trace_seconds = time.perf_counter() - start
+            trace_seconds = traced.seconds
             # A missing label or foil, or a foil equal to its class, stops the run here with
             # one line, not in whichever method or evaluator reads the target first.
             _ = trace.target_foils_B  # also computes (and checks) the target classes
@@ -411,7 +409,6 @@ def _attribute(
     """Run one method on a trace into ``results``; a failure or a bad result fails the method."""
     computed_before = set(trace.memo_seconds)
     trace.accessed = set()
-    start = time.perf_counter()
     try:
         with PeakMemory(trace.loaded.device) as peak:
             attribution = method.attributor.attribute(trace)
@@ -420,7 +417,7 @@ def _attribute(
     except Exception as error:  # one method failing must not sink the run
         method.fail(f"{type(error).__name__}: {error}")
         return
-    elapsed = time.perf_counter() - start
+    elapsed = peak.seconds
     problem = (
         attribution.problem(trace.batch)
         if isinstance(attribution, Attribution)

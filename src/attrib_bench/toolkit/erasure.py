@@ -98,6 +98,32 @@ def retokenized(
     return out
 
 
+def round_trip_restores(trace: Trace) -> np.ndarray:
+    """(B,) True where ``retokenized`` with nothing erased gives back the example's own input,
+    token for token: erasing nothing under ``removal=retokenize`` is then the input itself and
+    needs no model call (ferret runs one). Computed once per batch (``trace.memo``)."""
+
+    def compute() -> np.ndarray:
+        batch = trace.batch
+        inputs = batch.model_inputs()
+        nothing_BN = torch.zeros_like(batch.input_ids_BN, dtype=torch.bool)
+        tokenizer = trace.loaded.tokenizer
+        again = retokenized(inputs, nothing_BN, batch.special_tokens_mask_BN, tokenizer)
+        same = []
+        for b in range(len(batch.examples)):
+            real, real_again = inputs["attention_mask"][b].bool(), again["attention_mask"][b].bool()
+            same.append(
+                all(
+                    torch.equal(inputs[name][b][real], again[name][b][real_again])
+                    for name in again
+                    if name != "attention_mask"
+                )
+            )
+        return np.array(same, dtype=bool)
+
+    return trace.memo("erasure.round_trip_restores", compute)
+
+
 def erase(
     inputs: dict[str, torch.Tensor],
     erase_VN: torch.Tensor,
