@@ -34,6 +34,14 @@ path. attrib-bench's per-method seconds are its standalone seconds
 (``methods[spec]["seconds_per_example"]`` times the examples); the ratio to the floor is taken
 per pair (the same load on both), and its median reported.
 
+The evaluators' floor: forward passes of the distinct inputs the two evaluators erase to, over
+every example, method and step (ferret's decode round trip applied, duplicates dropped), those
+of one length together with no padding; attrib-bench's evaluators are timed against it in this
+process on the same batches and attributions (its result JSON does not time evaluators).
+Startup (interpreter, imports, plugin registry, model and data: ``STARTUP``) is timed in a
+fresh process after each pair. The full ceiling is ferret's time over startup plus every floor:
+no run of this work, by any tool, can beat it by removing work.
+
     python benchmarks/ferret_speed.py [--limit 100] [--repeats 3] [--threads 2]
         [--batch-size 16] [--model DIR] [--venv DIR]
         [--output benchmarks/results/ferret_speed.json]
@@ -54,18 +62,24 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluators import DATA, sst2_model  # the same cached SST-2 classifier
 from ferret_protocol import ferret_python  # ferret 0.4.2's environment
 
-from attrib_bench import Batch
+from attrib_bench import Batch, EvalContext
 from attrib_bench.core.cache_dir import cache_root
+from attrib_bench.core.registry import Spec
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import load_examples
 from attrib_bench.model.load import load_model
+from attrib_bench.model.trace import trace_batch
 from attrib_bench.results import write_json
+from attrib_bench.toolkit.erasure import CACHE_KEY, erase
+from attrib_bench_plugins.faithfulness import Comprehensiveness, Sufficiency
+from attrib_bench_plugins.gradient import Gradient, IntegratedGradients, Saliency
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STEPS = 50
@@ -83,6 +97,33 @@ EVALUATORS = {
     "comprehensiveness:protocol=ferret": "aopc_compr",
     "sufficiency:protocol=ferret": "aopc_suff",
 }
+#: The classes behind the specs, for the floor's in-process runs.
+METHOD_CLASSES = {
+    "gradient": Gradient,
+    "gradient x input": Saliency,
+    "integrated gradients": IntegratedGradients,
+}
+EVALUATOR_CLASSES = {
+    "comprehensiveness:protocol=ferret": Comprehensiveness,
+    "sufficiency:protocol=ferret": Sufficiency,
+}
+#: Tokens per forward pass of erased inputs (the evaluators' default ``chunk_tokens``).
+CHUNK_TOKENS = 8192
+
+#: What any run of this work does before its first batch, timed in a fresh process: the
+#: interpreter, attrib-bench's run path and Captum imported, the plugin registry, the model and
+#: the sentences loaded.
+STARTUP = r"""
+import sys
+import captum.attr
+import attrib_bench.cli, attrib_bench.runner.engine
+from attrib_bench.core.registry import load_registry
+from attrib_bench.data.load import load_examples
+from attrib_bench.model.load import load_model
+load_registry()
+load_model(sys.argv[1], "cpu")
+load_examples(sys.argv[2], "dev", limit=int(sys.argv[3]))
+"""
 
 #: Runs a script (``path``) or a module's ``__main__`` (``-m name``) in this process, then writes
 #: the process's own peak resident set (VmHWM) and torch's thread count to ``stats``.
@@ -244,6 +285,18 @@ class Floor:
         self.batches, _ = make_batches(examples, tokenizer, batch_size, length)
         self.lookup = self.loaded.model.get_input_embeddings()
         self.gradient(self.batches[0])  # warm-up
+        self.methods = [
+            METHOD_CLASSES[label]().configure(dict(Spec.parse(spec).params))
+            for label, (spec, _) in METHODS.items()
+        ]
+        self.evaluators = [
+            EVALUATOR_CLASSES[spec]().configure(dict(Spec.parse(spec).params))
+            for spec in EVALUATORS
+        ]
+        self.attributions = [
+            [self.attribute(m, batch) for m in self.methods] for batch in self.batches
+        ]
+        self.erased_inputs = self.distinct_erasures()
 
     def backward(
         self, embedded: torch.Tensor, batch: Batch, classes: torch.Tensor | None
@@ -275,18 +328,70 @@ class Floor:
             alpha = (step + 0.5) / STEPS
             self.backward(baseline + alpha * (embedded - baseline), batch, classes)
 
+    def attribute(self, method, batch: Batch):
+        """attrib-bench's method on one batch, as the runner calls it (not timed)."""
+        trace = trace_batch(self.loaded, batch, method.requires)
+        attribution = method.attribute(trace)
+        trace.release_graph()
+        return attribution
+
+    def evaluate(self) -> tuple[float, list]:
+        """attrib-bench's two evaluators on the three methods' attributions, in this process on
+        fresh traces (no erasure cached yet): their seconds, and the traces, whose erasure
+        caches hold every erased input they ran."""
+        traces = [trace_batch(self.loaded, batch, set()) for batch in self.batches]
+        start = time.perf_counter()
+        for trace, attributions in zip(traces, self.attributions, strict=True):
+            for method, attribution in zip(self.methods, attributions, strict=True):
+                context = EvalContext(trace, None, 0, method)
+                for evaluator in self.evaluators:
+                    evaluator.score(attribution, context)
+        return time.perf_counter() - start, traces
+
+    def distinct_erasures(self) -> dict[int, list[tuple[int, ...]]]:
+        """The erased inputs the evaluators need, by length: the distinct token sequences after
+        ferret's round trip, over every example, method, evaluator and step."""
+        _, traces = self.evaluate()
+        by_length: dict[int, set[tuple[int, ...]]] = {}
+        for trace in traces:
+            inputs, special_BN = trace.batch.model_inputs(), trace.batch.special_tokens_mask_BN
+            for removal, b, mask in trace.shared[CACHE_KEY]:
+                erase_1N = torch.as_tensor(np.frombuffer(mask, dtype=bool).copy())[None]
+                one = {name: tensor[b : b + 1] for name, tensor in inputs.items()}
+                erased = erase(one, erase_1N, removal, self.loaded.tokenizer, special_BN[b : b + 1])
+                ids = erased["input_ids"][0][erased["attention_mask"][0].bool()].tolist()
+                by_length.setdefault(len(ids), set()).add(tuple(ids))
+        return {n: sorted(sequences) for n, sequences in sorted(by_length.items())}
+
+    def erasure_passes(self) -> None:
+        """The evaluators' floor: forward passes of the distinct erased inputs alone, those of one
+        length together (no padding), at most ``CHUNK_TOKENS`` tokens a pass."""
+        with torch.inference_mode():
+            for n, sequences in self.erased_inputs.items():
+                step = max(1, CHUNK_TOKENS // n)
+                for start in range(0, len(sequences), step):
+                    ids = torch.tensor(sequences[start : start + step])
+                    self.loaded.model(input_ids=ids, attention_mask=torch.ones_like(ids))
+
     def measure(self) -> dict[str, float]:
-        """Seconds per method over every batch; one gradient pass serves both gradient methods."""
+        """Seconds per method over every batch (one gradient pass serves both gradient methods),
+        the evaluators' floor, and attrib-bench's evaluators in this process."""
         seconds = {}
         for name, passes in (("gradient", self.gradient), ("integrated", self.integrated)):
             start = time.perf_counter()
             for batch in self.batches:
                 passes(batch)
             seconds[name] = time.perf_counter() - start
+        start = time.perf_counter()
+        self.erasure_passes()
+        erasures = time.perf_counter() - start
+        evaluators, _ = self.evaluate()
         return {
             "gradient": seconds["gradient"],
             "gradient x input": seconds["gradient"],
             "integrated gradients": seconds["integrated"],
+            "evaluators": erasures,
+            "attrib_bench_evaluators": evaluators,
         }
 
 
@@ -358,12 +463,20 @@ def markdown(result: dict, command: str) -> str:
         "| ceiling: ferret seconds / IG's floor alone (no run that computes IG can do better) | "
         + ", ".join(f"{r:.2f}" for r in summary["ceilings"])
         + f" | **{summary['median_ceiling']:.2f}** |",
+        "| ceiling: ferret seconds / (startup + every floor below: IG, one gradient pass, the "
+        "distinct erased inputs) | "
+        + ", ".join(f"{r:.2f}" for r in summary["floor_ceilings"])
+        + f" | **{summary['median_floor_ceiling']:.2f}** |",
         "",
         "Per method: attrib-bench's standalone seconds (the batch's forward pass and the "
         "method's own time, from the result JSON) against the compute floor measured right after "
         f"each pair (per batch of {setup['batch_size']}: one forward and one backward pass, "
         f"which serve both gradient methods; IG: the forward and {STEPS} forward+backward "
-        "passes of the batch); medians over the pairs.",
+        "passes of the batch); medians over the pairs. The evaluators' row is attrib-bench's "
+        "two evaluators on the three methods' attributions, timed in the benchmark's process "
+        "on the same batches, against forward passes of the distinct inputs they erase to "
+        "(ferret's round trip done, duplicates over examples, methods and steps dropped), "
+        f"those of one length together without padding, at most {CHUNK_TOKENS} tokens a pass.",
         "",
         "| method | attrib-bench s | floor s | ratio per pair | median ratio |",
         "|---|---|---|---|---|",
@@ -373,9 +486,13 @@ def markdown(result: dict, command: str) -> str:
             f"| {row['method']} | {row['attrib_bench_seconds']:.2f} | {row['floor_seconds']:.2f} "
             f"| {', '.join(f'{r:.2f}' for r in row['ratios'])} | **{row['median_ratio']:.2f}** |"
         )
+    startup = statistics.median(result["startup_seconds"])
     rest = statistics.median(result["attrib_bench_rest_seconds"])
     lines += [
-        f"| the rest of attrib-bench's run (imports, model load, evaluators) | {rest:.2f} | | | |"
+        f"| startup (a fresh process: imports, plugin registry, model and data) | {startup:.2f} "
+        "| | | |",
+        f"| the rest of attrib-bench's run (its total less the rows above, one gradient pass "
+        f"counted) | {rest:.2f} | | | |",
     ]
     tolerance = setup["tolerance"]
     lines += [
@@ -423,6 +540,9 @@ def main() -> None:
         folder = Path(name)
         records = folder / "sentences.jsonl"
         records.write_text("".join(json.dumps(r) + "\n" for r in sentences(args.limit)))
+        startup = folder / "startup.py"
+        startup.write_text(STARTUP)
+        startup_command = [sys.executable, str(startup), model, str(DATA / "sst2"), str(args.limit)]
         for pair in range(args.repeats):
             measured_theirs, theirs = run_ferret(python, model, records, folder, environment)
             measured_ours, ours = run_ours(model, args, folder, environment)
@@ -430,12 +550,14 @@ def main() -> None:
                 label: ours["methods"][spec]["seconds_per_example"] * len(ours["example_ids"])
                 for label, (spec, _) in METHODS.items()
             }
+            measured_startup = timed(startup_command, environment, folder / "startup.json")
             load_before = [round(x, 2) for x in os.getloadavg()]
             floor_seconds = floor.measure()
             runs.append(
                 {
                     "ferret": measured_theirs,
                     "attrib-bench": measured_ours,
+                    "startup": measured_startup,
                     "floor": {
                         "method_seconds": floor_seconds,
                         "load_before": load_before,
@@ -450,9 +572,17 @@ def main() -> None:
                 flush=True,
             )
     method_rows = []
-    for label, (spec, _) in METHODS.items():
-        ours_seconds = [r["attrib-bench"]["method_seconds"][label] for r in runs]
-        floor_seconds = [r["floor"]["method_seconds"][label] for r in runs]
+    evaluators_label = "both evaluators (the three methods' erasures)"
+    for label, spec in [
+        *((label, spec) for label, (spec, _) in METHODS.items()),
+        (evaluators_label, ",".join(EVALUATORS)),
+    ]:
+        if label == evaluators_label:  # attrib-bench's, timed in this process (module docstring)
+            ours_seconds = [r["floor"]["method_seconds"]["attrib_bench_evaluators"] for r in runs]
+            floor_seconds = [r["floor"]["method_seconds"]["evaluators"] for r in runs]
+        else:
+            ours_seconds = [r["attrib-bench"]["method_seconds"][label] for r in runs]
+            floor_seconds = [r["floor"]["method_seconds"][label] for r in runs]
         method_rows.append(
             {
                 "method": label,
@@ -463,16 +593,29 @@ def main() -> None:
             }
         )
         method_rows[-1]["median_ratio"] = statistics.median(method_rows[-1]["ratios"])
-    rest = [
-        r["attrib-bench"]["seconds"] - sum(r["attrib-bench"]["method_seconds"].values())
-        for r in runs
-    ]
+
+    def rest(run: dict) -> float:
+        """attrib-bench's time less startup, IG, one gradient pass and the evaluators."""
+        methods = run["attrib-bench"]["method_seconds"]
+        gradient = max(methods["gradient"], methods["gradient x input"])  # one shared pass
+        evaluators = run["floor"]["method_seconds"]["attrib_bench_evaluators"]
+        done = run["startup"]["seconds"] + methods["integrated gradients"] + gradient + evaluators
+        return run["attrib-bench"]["seconds"] - done
+
+    def floor_total(run: dict) -> float:
+        """Startup plus every floor: IG, one gradient pass, the distinct erased inputs."""
+        floor = run["floor"]["method_seconds"]
+        passes = floor["integrated gradients"] + floor["gradient"] + floor["evaluators"]
+        return run["startup"]["seconds"] + passes
+
     seconds_ratios = [r["ferret"]["seconds"] / r["attrib-bench"]["seconds"] for r in runs]
     peak_ratios = [r["attrib-bench"]["peak_rss_mb"] / r["ferret"]["peak_rss_mb"] for r in runs]
     # What no run of IG at its floor can beat: ferret's time over IG's floor alone.
     ceilings = [
         r["ferret"]["seconds"] / r["floor"]["method_seconds"]["integrated gradients"] for r in runs
     ]
+    # What no run of this work can beat: ferret's time over startup plus every floor.
+    floor_ceilings = [r["ferret"]["seconds"] / floor_total(r) for r in runs]
     result = {
         "model": model,
         "dataset": "sst2/dev",
@@ -496,9 +639,12 @@ def main() -> None:
             "median_peak_ratio": statistics.median(peak_ratios),
             "ceilings": ceilings,
             "median_ceiling": statistics.median(ceilings),
+            "floor_ceilings": floor_ceilings,
+            "median_floor_ceiling": statistics.median(floor_ceilings),
         },
         "methods": method_rows,
-        "attrib_bench_rest_seconds": rest,
+        "startup_seconds": [r["startup"]["seconds"] for r in runs],
+        "attrib_bench_rest_seconds": [rest(r) for r in runs],
         "agreement": agreement(ours, theirs, args.tolerance),
         "seconds": round(time.perf_counter() - start, 1),
     }
