@@ -78,6 +78,7 @@ from attrib_bench.toolkit.erasure import (
     REMOVALS,
     erased_log_probs,
     explained,
+    plan_erasures,
     resolve_removal,
     round_trip_restores,
 )
@@ -139,14 +140,16 @@ class Erasure(Configurable, ABC):
         )
         return rationale_RBN, candidates_BN, scoreable_B
 
-    def erased(
+    def erasure_keys(
         self,
         attribution: Attribution,
         context: EvalContext,
         evaluated_RB: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """Log-probabilities after erasure at every ratio: (R, B, C), NaN for unscoreable rows
-        and for the steps ``evaluated_RB`` leaves out (never run; default: none)."""
+    ) -> tuple[np.ndarray, np.ndarray, dict[tuple[int, int], tuple[str, int, bytes]]]:
+        """What to erase at every ratio, (R, B, N); which examples are scoreable, (B,); and the
+        erasure cache's key of each (ratio, example) step that needs a model call: evaluated
+        (``evaluated_RB``, default every step), scoreable, and erasing something (or, under
+        ``retokenize``, changed by the decode round trip even with nothing erased)."""
         trace = context.trace
         removal = resolve_removal(self.params["removal"], trace.loaded.tokenizer)
         rationale_RBN, candidates_BN, scoreable_B = self.rationales(attribution, context)
@@ -162,6 +165,25 @@ class Erasure(Configurable, ABC):
             (r, b): (removal, b, erase_RBN[r, b].tobytes())
             for r, b in zip(*np.nonzero(run_RB & scoreable_B[None]), strict=True)
         }
+        return erase_RBN, scoreable_B, keys
+
+    def plan(self, attribution: Attribution, context: EvalContext) -> None:
+        """Announce this method's erasures on the batch (``plan_erasures``), so that they run
+        pooled with every other method's and evaluator's."""
+        rationale_RBN, _, _ = self.rationales(attribution, context)
+        _, _, keys = self.erasure_keys(attribution, context, self.evaluated(rationale_RBN))
+        plan_erasures(context.trace, list(keys.values()), self.params["chunk_tokens"])
+
+    def erased(
+        self,
+        attribution: Attribution,
+        context: EvalContext,
+        evaluated_RB: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Log-probabilities after erasure at every ratio: (R, B, C), NaN for unscoreable rows
+        and for the steps ``evaluated_RB`` leaves out (never run; default: none)."""
+        trace = context.trace
+        erase_RBN, scoreable_B, keys = self.erasure_keys(attribution, context, evaluated_RB)
         from attrib_bench.model.load import target_logits  # transformers: not at `list` time
 
         cache = erased_log_probs(
@@ -175,7 +197,8 @@ class Erasure(Configurable, ABC):
         for (r, b), key in keys.items():
             out_RBC[r, b] = cache[key]
         out_RBC[:, ~scoreable_B] = np.nan
-        out_RBC[~evaluated_RB] = np.nan
+        if evaluated_RB is not None:
+            out_RBC[~evaluated_RB] = np.nan
         return out_RBC
 
     def evaluated(self, rationale_RBN: np.ndarray) -> np.ndarray:
@@ -291,6 +314,12 @@ class Comprehensiveness(AOPC):
     no_step = 0.0
     parameters = {**AOPC.parameters, "classes": "target"}
     choices = {**AOPC.choices, "classes": ("target", "all")}
+
+    def plan(self, attribution: Attribution, context: EvalContext) -> None:
+        """``classes=all`` erases by the method re-run per class (``each_class``), which only
+        ``score`` runs: nothing to announce."""
+        if self.params["classes"] == "target":
+            super().plan(attribution, context)
 
     def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
         if self.params["classes"] == "target":

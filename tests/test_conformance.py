@@ -399,6 +399,24 @@ class CentredOnBatch(ClsShare):
         return {"aggregated": share_LB - share_LB.mean(axis=1, keepdims=True)}
 
 
+class PlanMovesScores(ClsShare):
+    """A ``plan`` that leaves state behind which ``score`` then reads."""
+
+    def plan(self, attribution, context):
+        context.trace.shared["cls-share.offset"] = 1.0
+
+    def score(self, attribution, context):
+        return {
+            "aggregated": self.share_LB(attribution)
+            + context.trace.shared.get("cls-share.offset", 0.0)
+        }
+
+
+class PlanRaises(ClsShare):
+    def plan(self, attribution, context):
+        raise KeyError("nothing to plan")
+
+
 class ReferenceUnknown(ClsShare):
     needs_reference = None
     score = None
@@ -447,6 +465,8 @@ BROKEN_EVALUATORS = {
     InfiniteOnConstant: ["aggregated scores on constant rows are infinite", "or NaN"],
     RandomScores: ["two calls with seed 0 gave different aggregated scores"],
     CentredOnBatch: ["change when the example is scored alone", "batch_independent=False"],
+    PlanMovesScores: ["plan() changed the aggregated scores", "never change what score returns"],
+    PlanRaises: ["plan() raised KeyError"],
     ReferenceUnknown: ["set `needs_reference`", "define `score(self, attribution"],
     PartsWithoutAggregate: ["with `parts`, define `aggregate(values_EP) -> float`"],
     PartsString: ["`parts` must be a tuple of column names, not 'total'"],

@@ -15,7 +15,7 @@ from attrib_bench.core.interfaces import Batch, Example
 from attrib_bench.core.target import Target
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import Trace, trace_batch
-from attrib_bench.toolkit.erasure import erase
+from attrib_bench.toolkit.erasure import CACHE_KEY, erase
 from attrib_bench.toolkit.ranking import erasure_mask, ratio_k, top_k_mask
 from attrib_bench_plugins.faithfulness import (
     Comprehensiveness,
@@ -445,3 +445,40 @@ def test_packed_passes_give_each_variants_own_scores(tiny_bert, removal):
         evaluator = Comprehensiveness().configure(options)
         scores[chunk_tokens] = evaluator.score(saliency, EvalContext(fresh, None, 0))["aggregated"]
     np.testing.assert_allclose(scores["8192"], scores["1"], rtol=1e-5, atol=1e-6)
+
+
+def test_planned_erasures_of_every_evaluator_run_in_one_pooled_pass():
+    """``plan`` announces a pair's erasures; the first score then runs them all together: the
+    comprehensiveness and insertion variants above (3 + 2 rows) in one pass, not two, with the
+    scores of unpooled calls."""
+    evaluators = [Comprehensiveness(), Insertion()]
+    trace, attribution, context = toy_trace(SCORES, pad=2)
+    alone = [e.score(attribution, context)["aggregated"] for e in evaluators]
+    trace, attribution, context = toy_trace(SCORES, pad=2)
+    model = trace.loaded.model
+    model.calls = model.rows = 0
+    for evaluator in evaluators:
+        evaluator.plan(attribution, context)
+    assert (model.calls, model.rows) == (0, 0)  # announcing runs nothing
+    pooled = [e.score(attribution, context)["aggregated"] for e in evaluators]
+    assert (model.calls, model.rows) == (1, 5)
+    for one, other in zip(alone, pooled, strict=True):
+        np.testing.assert_array_equal(one, other)
+
+
+def test_planned_erasures_keep_their_removal_and_token_budget():
+    """Pooled keys of two removals run one removal a pass; a key keeps the budget it was
+    announced with (``chunk_tokens=7``: one row of 7 tokens a pass)."""
+    masked = Comprehensiveness().configure({"removal": "mask"})
+    padded = Comprehensiveness().configure({"removal": "pad", "chunk_tokens": "7"})
+    trace, attribution, context = toy_trace(SCORES, pad=2)
+    alone = [e.score(attribution, context)["aggregated"] for e in (masked, padded)]
+    trace, attribution, context = toy_trace(SCORES, pad=2)
+    model = trace.loaded.model
+    model.calls = 0
+    padded.plan(attribution, context)
+    pooled = [e.score(attribution, context)["aggregated"] for e in (masked, padded)]
+    assert model.calls == 1 + 3  # the masked variants in one pass, the padded one a pass each
+    assert {removal for removal, _, _ in trace.shared[CACHE_KEY]} == {"mask", "pad"}
+    for one, other in zip(alone, pooled, strict=True):
+        np.testing.assert_array_equal(one, other)

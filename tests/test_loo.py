@@ -93,11 +93,12 @@ def test_loo_passes_run_once_per_batch_however_many_methods(tiny_bert):
         LooTau().configure({"removal": "mask"}).score(seeded_attribution(trace, 5), context)
     finally:
         handle.remove()
-    # The 48 single-token variants of this batch run in passes of similar lengths (deleting a
-    # token shortens its example: 3 passes), in place under [MASK] (one pass of 8192 tokens).
+    # The 48 single-token variants of this batch run in passes of one length each (deleting a
+    # token shortens its example by one: a pass per distinct example length), in place under
+    # [MASK] (one pass of 8192 tokens).
     assert candidate_count(trace) == 48
-    assert after_first == 3
-    assert len(calls) == 3 + 1
+    assert after_first == len(set(trace.batch.attention_mask_BN.sum(dim=1).tolist()))
+    assert len(calls) == after_first + 1
     # The same method scored again gives the same value (read from the memo).
     again = evaluator.score(seeded_attribution(trace, 0), context)["aggregated"]
     np.testing.assert_array_equal(first, again)

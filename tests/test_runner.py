@@ -317,3 +317,42 @@ def test_a_reference_that_is_a_selected_method_or_the_floor_runs_once(tiny_bert,
     assert code == 0, err
     assert list(document["methods"]) == ["attention", "random"]
     assert document["methods"]["random"]["added_as_reference"]
+
+
+def test_a_batchs_erasures_are_pooled_over_methods_and_evaluators(tiny_bert, monkeypatch):
+    """The runner calls every pair's ``plan`` before any ``score``: each batch's erasures, over
+    two methods and two evaluators, run in one pass (tiny inputs, far under the token budget),
+    where scoring pair by pair runs several; the per-example scores are the same."""
+    from attrib_bench.runner.engine import RunConfig, run_benchmark
+    from attrib_bench.toolkit import erasure
+    from attrib_bench_plugins import faithfulness
+
+    passes: list[int] = []
+    forward = erasure.forward_erased
+
+    def counted(trace, inputs, *args, **kwargs):
+        passes.append(len(inputs["input_ids"]))
+        return forward(trace, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(erasure, "forward_erased", counted)
+    config = RunConfig(
+        model=str(tiny_bert), dataset="default", limit=8, batch_size=4, device="cpu",
+        attributors=["attention", "saliency"], evaluators=["comprehensiveness", "sufficiency"],
+        floor=False,
+    )  # fmt: skip
+
+    def per_example(document):
+        return {
+            spec: {name: scores["aggregated"] for name, scores in m["per_example"].items()}
+            for spec, m in document["methods"].items()
+        }
+
+    pooled = per_example(run_benchmark(config, quiet=True, cache=False))
+    assert len(passes) == 2  # one a batch
+    pooled_rows, passes[:] = sum(passes), []
+    monkeypatch.delattr(faithfulness.Erasure, "plan")
+    monkeypatch.delattr(faithfulness.Comprehensiveness, "plan")
+    alone = per_example(run_benchmark(config, quiet=True, cache=False))
+    assert len(passes) > 2
+    assert sum(passes) == pooled_rows  # the same erasures, shared between pairs either way
+    assert pooled == alone

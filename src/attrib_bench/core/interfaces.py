@@ -190,6 +190,12 @@ class Evaluator(Protocol):
     one, or an exception, fails this (method, evaluator) pair only, while a UsageError (settings
     that cannot work: no mask token, no rationales) fails the evaluator for every method.
 
+    Optional ``plan(attribution, context) -> None``: the runner calls it for every (method,
+    evaluator) pair of a batch before any ``score`` on the batch, so an evaluator can announce
+    the model calls its scores will need and run them pooled with the others' (the erasure
+    evaluators: ``attrib_bench.toolkit.erasure.plan_erasures``). It must not change what
+    ``score`` returns; a failure fails the pair as ``score``'s would.
+
     Optional attributes: ``higher_is_better`` (default True: how leaderboards sort and which
     way the gate looks), ``in_default_run`` (default True; False: runs only when selected, for
     costly evaluators), and for a corpus-level score that is not a mean of per-example values

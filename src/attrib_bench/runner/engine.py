@@ -648,16 +648,23 @@ def run_single(
         if reference is None and store is not None and ready:
             reference = store.attribution(reference_spec, trace.batch)  # not run on this batch
         for name, evaluator in evaluators.items():
-            if name in evaluator_errors:
-                continue
-            if evaluator.needs_reference and reference is None:
+            if evaluator.needs_reference and reference is None and name not in evaluator_errors:
                 evaluator_errors[name] = f"reference {reference_spec} failed: " + str(
                     getattr(reference_method, "error", "not run")
                 )
-                continue
-            _evaluate(
-                name, evaluator, methods, results, trace, reference, config.seed, evaluator_errors
-            )
+        working = {n: e for n, e in evaluators.items() if n not in evaluator_errors}
+        for stage in ("plan", "score"):  # every pair's plan first: the batch's work pooled
+            for name, evaluator in working.items():
+                if name not in evaluator_errors and hasattr(evaluator, stage):
+                    _evaluate(
+                        name,
+                        evaluator,
+                        methods,
+                        results,
+                        EvalContext(trace, reference, config.seed),
+                        evaluator_errors,
+                        stage,
+                    )
         if store is not None:
             store.save(trace.batch, results)
     if tally is not None:  # batches the cache filled in whole were never traced
@@ -723,12 +730,13 @@ def _evaluate(
     evaluator: Any,
     methods: Sequence[MethodState],
     results: dict[str, Attribution],
-    trace: Trace,
-    reference: Attribution | None,
-    seed: int,
+    batch_context: EvalContext,
     evaluator_errors: dict[str, str],
+    stage: str = "score",
 ) -> None:
-    """Score every method attributed on this batch; a failure fails that (method, evaluator).
+    """Score every method attributed on this batch (``stage="score"``), or announce the work
+    scoring will ask for (``"plan"``: the optional ``Evaluator.plan``); a failure fails that
+    (method, evaluator), so a pair whose plan failed is not scored.
 
     A UsageError says the evaluator's settings cannot work (no mask token, say): it fails the
     evaluator for every method.
@@ -736,10 +744,13 @@ def _evaluate(
     for method in methods:
         if method.spec not in results or name in method.evaluator_errors:
             continue
-        context = EvalContext(trace, reference, seed, method.attributor)
+        context = dataclasses.replace(batch_context, attributor=method.attributor)
         try:
-            scores = evaluator.score(results[method.spec], context)
-            _store(method, name, evaluator, scores, trace.batch)
+            if stage == "plan":
+                evaluator.plan(results[method.spec], context)
+            else:
+                scores = evaluator.score(results[method.spec], context)
+                _store(method, name, evaluator, scores, batch_context.trace.batch)
         except UsageError as error:
             evaluator_errors[name] = str(error)
             console.warn(f"evaluator {name} failed: {error}")

@@ -256,9 +256,11 @@ def check_evaluator(
     Checks: ``name``, ``description``, ``needs_reference`` (and ``aggregate`` with ``parts``);
     the scores of a batch pass the runner's own check (run.check_scores) and are finite or NaN;
     an attribution that is zero everywhere (constant rows) is scored, NaN allowed, without
-    raising; two calls with ``seed`` give identical scores; unless not ``batch_independent``
-    (default: the evaluator's own ``batch_independent`` attribute, else True), each example
-    scored alone gets the score it gets in the batch of all. The examples carry
+    raising; two calls with ``seed`` give identical scores; an optional ``plan`` (called first,
+    as the runner does) leaves the scores as they were, up to rounding; unless not
+    ``batch_independent`` (default: the evaluator's own ``batch_independent`` attribute, else
+    True), each example scored alone gets the score it gets in the batch of all. The examples
+    carry
     labels and word rationales; ``context.attributor`` is ``attributor``. Traces capture the
     fields check_attributor's do (``fields``: see there), and a family ``attributor``'s
     ``needs`` rule out is skipped (``report.skipped``).
@@ -659,9 +661,11 @@ def _score(
     seed: int,
     fields: Mapping[str, TraceField],
     constant: bool = False,
+    planned: bool = False,
 ) -> dict[str, dict[str, np.ndarray]]:
     """``obj``'s checked scores of ``method``'s attribution of ``items`` (zero everywhere when
-    ``constant``), per key and example id: columns (L,)."""
+    ``constant``; scored after ``obj.plan`` when ``planned``, as the runner does), per key and
+    example id: columns (L,)."""
     requires = set(method.requires) | ({"pre_layernorm"} if obj.needs_reference else set())
     try:
         trace = _trace(loaded, items, requires, seed, fields)
@@ -679,8 +683,15 @@ def _score(
             None if local is None else torch.zeros_like(local),
         )
     reference = _reference(trace) if obj.needs_reference else None
+    context = EvalContext(trace, reference, seed, method)
+    if planned:
+        try:
+            obj.plan(attribution, context)
+        except Exception as error:
+            raise _Unusable(_failure("plan()", error)) from error
+        what = " after plan()"
     try:
-        scores = obj.score(attribution, EvalContext(trace, reference, seed, method))
+        scores = obj.score(attribution, context)
     except Exception as error:
         raise _Unusable(
             _failure(f"score(){what}", error)
@@ -735,6 +746,21 @@ def _evaluator_problems(
                 f"({_example(example_id)}: {difference}): draw random numbers from a "
                 "generator seeded by context.seed, never from the global one"
             )
+    if callable(getattr(obj, "plan", None)):
+        try:
+            planned = _score(obj, method, loaded, EXAMPLES, seed, fields, planned=True)
+        except _Unusable as error:
+            problems.append(str(error))
+            planned = {}
+        for key, by_id in together.items():
+            # Pooled passes group the variants otherwise: rounding, scaled by 1 (see below).
+            moved = _differences(by_id, planned.get(key, {}), 1.0)
+            if planned and moved:
+                example_id, difference = next(iter(moved.items()))
+                problems.append(
+                    f"plan() changed the {key} scores ({_example(example_id)}: {difference}): "
+                    "plan may only announce work, never change what score returns"
+                )
     problems += _parts_problems(obj, together)
     if batch_independent:
         # Scores that vary from call to call vary with the batch too: no news.

@@ -21,6 +21,8 @@ REMOVALS = ("auto", "mask", "pad", "zero", "delete", "retokenize")
 
 #: Where erased predictions are kept within one batch's trace, shared by every evaluator here.
 CACHE_KEY = "faithfulness.erased_log_probabilities"
+#: Erasures announced for the batch and not run yet (``plan_erasures``).
+PENDING_KEY = "faithfulness.erasures_planned"
 
 
 def candidates(trace: Trace) -> np.ndarray:
@@ -203,8 +205,12 @@ def forward_erased(
 
 #: Removals that pack each variant to its kept tokens: a pass is padded to its longest.
 PACKING = ("delete", "retokenize")
-#: At most this share of a packed pass's tokens is padding (``_passes``).
-PADDING_SHARE = 0.25
+#: At most this share of a packed pass's tokens is padding (``_passes``). Low, since the batch's
+#: erasures are pooled over methods and evaluators (``plan_erasures``): passes of nearly one
+#: length stay large. On 100 SST-2 sentences under ferret's protocol (three methods, two
+#: evaluators, batches of 16), the evaluators took 19.7 s at 0.05 against 22.5 s at 0.25 and
+#: 26.1 s at 0.05 unpooled (benchmarks/ferret_speed.py's ``Floor.evaluate``, one run each).
+PADDING_SHARE = 0.05
 
 
 def _passes(
@@ -215,8 +221,7 @@ def _passes(
     In place, every variant has the batch's length. Packed (``PACKING``), a variant keeps its
     example's real tokens less the erased ones: sorted by that length, a pass is closed when
     the next would make it longer than the budget or more than ``PADDING_SHARE`` padding, so
-    passes of similar lengths carry little padding (about half of the tokens in one pass per
-    batch on SST-2 under ferret's protocol).
+    passes of nearly one length carry little padding.
     """
     if not keys or keys[0][0] not in PACKING:
         step = max(1, chunk_tokens // batch.input_ids_BN.shape[1])
@@ -236,6 +241,15 @@ def _passes(
     return passes
 
 
+def plan_erasures(trace: Trace, keys: list[tuple[str, int, bytes]], chunk_tokens: int) -> None:
+    """Announce erasure keys that will be asked for on this batch (an evaluator's ``plan``):
+    the next ``erased_log_probs`` runs them together with its own, so the erasures of every
+    method and evaluator share passes of similar lengths instead of each call filling its own
+    small ones. Kept in ``trace.shared[PENDING_KEY]``, by the passes' token budget."""
+    pending = trace.shared.setdefault(PENDING_KEY, {})
+    pending.setdefault(chunk_tokens, []).extend(keys)
+
+
 def erased_log_probs(
     trace: Trace,
     keys: list[tuple[str, int, bytes]],
@@ -245,32 +259,41 @@ def erased_log_probs(
     """The batch's shared erasure cache (``trace.shared[CACHE_KEY]``) with every key in
     ``keys`` filled: a key is (removal, example, the erased-token mask's bytes), so bins,
     evaluators and methods that erase the same tokens of an example share one model call. The
-    missing ones run as batched passes of at most ``chunk_tokens`` tokens (``forward_erased``).
+    missing ones, and those announced by ``plan_erasures``, run as batched passes of at most
+    ``chunk_tokens`` tokens (an announced key: the budget it was announced with), one removal
+    a pass (``forward_erased``).
     """
     cache = trace.shared.setdefault(CACHE_KEY, {})
-    todo = list(dict.fromkeys(key for key in keys if key not in cache))
+    pending = trace.shared.pop(PENDING_KEY, {})
+    pending.setdefault(chunk_tokens, []).extend(keys)
     batch = trace.batch
     inputs = batch.model_inputs()
     positions_BN = trace.loaded.position_ids(batch.input_ids_BN)
     if positions_BN is not None:
         inputs["position_ids"] = positions_BN
     device = batch.input_ids_BN.device
-    for chunk in _passes(todo, batch, chunk_tokens):
-        examples = torch.tensor([example for _, example, _ in chunk], device=device)
-        erase_VN = torch.as_tensor(
-            np.stack([np.frombuffer(mask, dtype=bool) for _, _, mask in chunk]), device=device
-        )
-        log_probs = forward_erased(
-            trace,
-            {name: t[examples] for name, t in inputs.items()},
-            erase_VN,
-            chunk[0][0],
-            trace.target_positions_B[examples],
-            target_logits,
-            batch.special_tokens_mask_BN[examples],
-        )
-        for key, values in zip(chunk, log_probs.cpu().numpy(), strict=True):
-            cache[key] = values
+    for budget, announced in pending.items():
+        by_removal: dict[str, list[tuple[str, int, bytes]]] = {}
+        for key in dict.fromkeys(key for key in announced if key not in cache):
+            by_removal.setdefault(key[0], []).append(key)
+        for removal, todo in by_removal.items():
+            for chunk in _passes(todo, batch, budget):
+                examples = torch.tensor([example for _, example, _ in chunk], device=device)
+                erase_VN = torch.as_tensor(
+                    np.stack([np.frombuffer(mask, dtype=bool) for _, _, mask in chunk]),
+                    device=device,
+                )
+                log_probs = forward_erased(
+                    trace,
+                    {name: t[examples] for name, t in inputs.items()},
+                    erase_VN,
+                    removal,
+                    trace.target_positions_B[examples],
+                    target_logits,
+                    batch.special_tokens_mask_BN[examples],
+                )
+                for key, values in zip(chunk, log_probs.cpu().numpy(), strict=True):
+                    cache[key] = values
     return cache
 
 
