@@ -276,15 +276,18 @@ def run_ours(model: str, args: argparse.Namespace, folder: Path, environment: di
 
 class Floor:
     """The plain passes each method needs at least (module docstring), on the runner's batches,
-    with the model loaded once; ``measure`` times them once."""
+    with the model loaded once; ``measure`` times them once. ``evaluators=False`` prepares the
+    method passes alone (benchmarks/gradient_floor.py)."""
 
-    def __init__(self, model: str, limit: int, batch_size: int) -> None:
+    def __init__(self, model: str, limit: int, batch_size: int, evaluators: bool = True) -> None:
         self.loaded = load_model(model, "cpu")
         examples = load_examples(str(DATA / "sst2"), "dev", limit=limit).examples
         tokenizer, length = self.loaded.tokenizer, self.loaded.max_length
         self.batches, _ = make_batches(examples, tokenizer, batch_size, length)
         self.lookup = self.loaded.model.get_input_embeddings()
         self.gradient(self.batches[0])  # warm-up
+        if not evaluators:
+            return
         self.methods = [
             METHOD_CLASSES[label]().configure(dict(Spec.parse(spec).params))
             for label, (spec, _) in METHODS.items()
