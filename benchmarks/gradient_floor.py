@@ -10,9 +10,10 @@ load, times:
 - the floor: one forward and one backward pass per batch (``ferret_speed.Floor.gradient``; one
   such pass serves both methods);
 - the runner's own loop (``attrib_bench.runner.engine.attribution_stream``: the traced forward,
-  both methods, each charged its standalone cost) under three peak-memory settings: the trim
-  before the trace and each method of the batches whose shape no earlier one covers (the
-  default, ``ExactShapes``), the trim before every batch (the previous behaviour), and no trim.
+  both methods, each charged its standalone cost), as it runs (glibc's ``malloc_trim`` before
+  the trace and each method, so that the kernel's peak sees memory an earlier block freed:
+  attrib_bench.runner.memory), and with that trim left out, which shows what the pages it
+  hands back cost when they are faulted in again.
 
 A method's seconds are its standalone charge (the traced forward and the shared backward, as if
 run alone), its peak memory the runner's. Torch runs ``--threads`` threads.
@@ -40,46 +41,36 @@ from evaluators import DATA, sst2_model  # the same cached SST-2 classifier
 from ferret_speed import METHODS, Floor  # the same settings, the same floor
 
 from attrib_bench.results import write_json
-from attrib_bench.runner import engine
+from attrib_bench.runner import memory
 from attrib_bench.runner.engine import MethodState, RunConfig, attribution_stream, prepare
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LABELS = ("gradient", "gradient x input")
 
 
-class _Always:
-    """An ``ExactShapes`` stand-in that answers ``exact`` the same for every batch."""
-
-    def __init__(self, answer: bool) -> None:
-        self.answer = answer
-
-    def exact(self, size: int, length: int) -> bool:
-        return self.answer
-
-
-#: The runner's peak-memory settings: what ``engine.ExactShapes`` is during the round.
-SETTINGS: dict[str, Callable[[], object]] = {
-    "runner, trim where the shape is new (default)": engine.ExactShapes,
-    "runner, trim before every batch": lambda: _Always(True),
-    "runner, no trim": lambda: _Always(False),
+#: The runner's peak-memory settings: what ``memory._TRIM`` is during the round.
+SETTINGS: dict[str, Callable[[], None] | None] = {
+    "runner (the trim before each trace and method: the default)": memory._TRIM,
+    "runner, no trim": lambda: None,
 }
 
 
-def runner_round(prepared, make_shapes: Callable[[], object]) -> dict:
-    """Both methods through the runner's loop: wall seconds, standalone seconds, peak MB."""
+def runner_round(prepared, trim: Callable[[], None] | None) -> dict:
+    """Both methods through the runner's loop, ``trim`` standing in for glibc's: wall seconds,
+    standalone seconds, peak MB."""
     methods = [
         MethodState(spec, prepared.registry.attributor(spec))
         for spec in (METHODS[label][0] for label in LABELS)
     ]
-    default = engine.ExactShapes
-    engine.ExactShapes = make_shapes
+    default = memory._TRIM
+    memory._TRIM = trim
     try:
         began = time.perf_counter()
         for _ in attribution_stream(prepared, methods, seed=0, quiet=True):
             pass
         wall = time.perf_counter() - began
     finally:
-        engine.ExactShapes = default
+        memory._TRIM = default
     return {
         "wall_seconds": wall,
         "method_seconds": {label: m.seconds for label, m in zip(LABELS, methods, strict=True)},
@@ -118,7 +109,7 @@ def main() -> None:
             floor.gradient(batch)
         return time.perf_counter() - began
 
-    runner_round(prepared, engine.ExactShapes)  # warm-up
+    runner_round(prepared, memory._TRIM)  # warm-up
     names = ["floor", *SETTINGS]
     rounds: list[dict] = []
     for index in range(args.rounds):
@@ -163,7 +154,8 @@ def markdown(result: dict) -> str:
         f"{result['load_average_after'][0]:.2f}. Floor: one forward and one backward pass per "
         "batch, which serve both methods. A method's seconds: its standalone charge in the "
         "runner's loop (the traced forward and the shared backward); ratio: over the same "
-        "round's floor.",
+        "round's floor. Without the trim a block reuses pages an earlier one freed unseen, so "
+        "its peak is a lower bound.",
         "",
         "| setting | seconds per round | median ratio to the floor | peak MB (distinct values) |",
         "|---|---|---|---|",

@@ -18,7 +18,6 @@ import torch
 from attrib_bench.runner import memory
 from attrib_bench.runner.memory import (
     CPU_SOURCE,
-    ExactShapes,
     PeakMemory,
     standalone_megabytes,
     tensor_megabytes,
@@ -117,42 +116,6 @@ def test_peak_memory_counts_memory_an_earlier_block_freed():
     with PeakMemory(torch.device("cpu")) as idle:
         pass
     assert idle.megabytes < 1  # the earlier blocks' peaks are not carried over
-
-
-def test_exact_shapes_are_those_no_earlier_exact_batch_covers():
-    shapes = ExactShapes()
-    assert shapes.exact(32, 53)
-    assert not shapes.exact(32, 28)  # shorter: covered
-    assert not shapes.exact(4, 53)  # narrower: covered
-    assert shapes.exact(8, 60)  # longer than any before
-    assert not shapes.exact(8, 60)
-    assert shapes.exact(33, 10)  # wider than any before
-    assert shapes.shapes == [(32, 53), (8, 60), (33, 10)]
-
-
-@pytest.mark.skipif(CPU_SOURCE != "vmhwm", reason="needs a resettable resident peak (Linux)")
-def test_the_runner_trims_only_before_batches_of_a_new_shape(
-    tiny_bert, run_cli, tmp_path, monkeypatch
-):
-    """The trim's refaulting cost the gradient methods 1.18x their floor when it preceded every
-    batch (benchmarks/results/gradient_floor.md). Length-sorted batches of one size: the first
-    covers the second, so only its trace and its methods are trimmed for, and the method that
-    allocates still shows its allocation."""
-    trims = []
-    trim = memory._TRIM
-    monkeypatch.setattr(memory, "_TRIM", lambda: trims.append(1) or trim())
-    plugin = tmp_path / "cost_plugin.py"
-    plugin.write_text(textwrap.dedent(COST_PLUGIN))
-    document, _ = run(
-        run_cli,
-        tmp_path,
-        *("--model", tiny_bert, "--plugin", plugin, "--batch-size", "2"),
-        *("--attributors", "idle,allocates", "--reference", "idle", "--no-floor"),
-    )
-    assert sorted(document["methods"]) == ["allocates", "idle"]
-    assert len(trims) == 3  # 2 batches of 2; before: 6, a trace and two methods per batch
-    allocates = document["methods"]["allocates"]["peak_memory_mb"]
-    assert ALLOCATED_MB * 0.95 <= allocates < ALLOCATED_MB * 1.25
 
 
 def test_tensor_megabytes_and_the_standalone_charge():

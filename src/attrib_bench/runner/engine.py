@@ -36,7 +36,7 @@ from attrib_bench.model.trace import Trace, default_target_position, trace_batch
 from attrib_bench.results import build_result
 from attrib_bench.results.agreement import DEFAULT_K, AgreementTally
 from attrib_bench.results.merge import parse_shard
-from attrib_bench.runner.memory import ExactShapes, PeakMemory, standalone_megabytes
+from attrib_bench.runner.memory import PeakMemory, standalone_megabytes
 from attrib_bench.runner.scores import ExampleIndex, ScoreColumn
 
 if TYPE_CHECKING:  # the cache module imports this one
@@ -361,8 +361,7 @@ def attribution_stream(
 
     Each method is charged its standalone cost: the shared forward pass, its own time, and
     every shared intermediate it read (whichever method computed it first); its peak memory is
-    counted the same way (attrib_bench.runner.memory.standalone_megabytes), exactly on the
-    batches that can set it (``ExactShapes``), as a lower bound on the others. ``skip(batch)`` names
+    counted the same way (attrib_bench.runner.memory.standalone_megabytes). ``skip(batch)`` names
     methods whose results for the batch are known already (the cache, which fills them in):
     they do not run, and a batch with nothing left to run is not traced at all. Every
     attribution is checked against its batch (``Attribution.problem``) before it is yielded.
@@ -376,7 +375,6 @@ def attribution_stream(
             method.fail(problem)
     fields = prepared.registry.trace_field_specs()  # what a plugin's `requires` may add
     examples = len(prepared.batches.examples)
-    shapes = ExactShapes()
     with console.progress(disable=quiet) as bar:
         task = bar.add_task(description, total=examples * len(methods))
         for batch in prepared.batches:
@@ -387,8 +385,7 @@ def attribution_stream(
                 continue
             requires = set().union(*(m.attributor.requires for m in todo))
             batch = batch.to(prepared.loaded.device)
-            exact = shapes.exact(*batch.input_ids_BN.shape)
-            with PeakMemory(prepared.loaded.device, trim=exact) as traced:
+            with PeakMemory(prepared.loaded.device) as traced:
                 trace = trace_batch(prepared.loaded, batch, requires, seed, fields, prepared.target)
             trace_seconds = traced.seconds
             # A missing label or foil, or a foil equal to its class, stops the run here with
@@ -396,7 +393,7 @@ def attribution_stream(
             _ = trace.target_foils_B  # also computes (and checks) the target classes
             results: dict[str, Attribution] = {}
             for method in todo:
-                _attribute(method, trace, trace_seconds, traced.megabytes, results, exact)
+                _attribute(method, trace, trace_seconds, traced.megabytes, results)
                 bar.advance(task, len(batch.examples))
             trace.release_graph()
             yield trace, results
@@ -408,14 +405,12 @@ def _attribute(
     trace_seconds: float,
     trace_megabytes: float,
     results: dict[str, Attribution],
-    exact: bool,
 ) -> None:
-    """Run one method on a trace into ``results``; a failure or a bad result fails the method.
-    ``exact``: whether its memory is measured exactly on this batch (``PeakMemory``'s trim)."""
+    """Run one method on a trace into ``results``; a failure or a bad result fails the method."""
     computed_before = set(trace.memo_seconds)
     trace.accessed = set()
     try:
-        with PeakMemory(trace.loaded.device, trim=exact) as peak:
+        with PeakMemory(trace.loaded.device) as peak:
             attribution = method.attributor.attribute(trace)
     except UsageError:
         raise

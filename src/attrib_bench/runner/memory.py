@@ -8,10 +8,7 @@ kernel's mark nor a sampled resident set costs it measurably
 (benchmarks/results/sampler_cost.md). Freed pages stay with the process, so a
 block that reuses memory an earlier one released would show no growth: ``malloc_trim`` first
 hands glibc's free pages back to the kernel, and the block's own allocations fault them in again.
-That refaulting is the measure's one cost, large next to one forward and backward pass
-(benchmarks/results/gradient_floor.md), so the runner trims only before a batch whose shape no
-earlier measured batch covers (``ExactShapes``). Where the mark cannot be reset (no
-``clear_refs``, no glibc), a thread samples the resident set.
+Where the mark cannot be reset (no ``clear_refs``, no glibc), a thread samples the resident set.
 """
 
 from __future__ import annotations
@@ -82,14 +79,11 @@ class PeakMemory:
 
     Exact on CUDA (the allocator's peak counter) and on Linux with glibc (the kernel's resident
     high-water mark); elsewhere a thread samples every ``SAMPLE_SECONDS`` and can miss a peak
-    shorter than that. With ``trim=False`` the CPU mark is not preceded by the trim: the block
-    reuses glibc's free pages unseen, so its peak is a lower bound, and it runs at full speed.
-    Blocks must not nest: each one resets the process-wide mark.
+    shorter than that. Blocks must not nest: each one resets the process-wide mark.
     """
 
-    def __init__(self, device: torch.device, trim: bool = True):
+    def __init__(self, device: torch.device):
         self.device = device
-        self.trim = trim
         self.megabytes = 0.0
         self.seconds = 0.0
 
@@ -99,8 +93,7 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._start = torch.cuda.memory_allocated(self.device)
         elif CPU_SOURCE == "vmhwm":
-            if self.trim:
-                _TRIM()
+            _TRIM()
             with open(_CLEAR_REFS, "w") as handle:
                 handle.write("5")
             self._start = _rss()
@@ -131,24 +124,6 @@ class PeakMemory:
             self._thread.join()
             peak = max(self._peak, _rss())
         self.megabytes = max(peak - self._start, 0) / MEGABYTE
-
-
-class ExactShapes:
-    """Which batches a run measures exactly (``PeakMemory(trim=True)``): those whose (batch
-    size, length) no earlier exactly measured batch covers in both. A pass's memory grows with
-    both, so a covered batch cannot set the method's peak; it is measured as a lower bound and
-    spared the trim's refaulting. In the runner's order (longest first) the first batch covers
-    every other, so only it is trimmed for."""
-
-    def __init__(self) -> None:
-        self.shapes: list[tuple[int, int]] = []
-
-    def exact(self, size: int, length: int) -> bool:
-        """Whether a batch of this shape is measured exactly (it is then remembered)."""
-        if any(size <= s and length <= n for s, n in self.shapes):
-            return False
-        self.shapes.append((size, length))
-        return True
 
 
 def tensor_megabytes(value: Any) -> float:
