@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import runpy
 import subprocess
@@ -239,6 +240,50 @@ def test_run_quiet_shows_no_progress_bar(tiny_bert, run_cli, tmp_path):
         run_cli, tmp_path, "--model", tiny_bert, "--limit", "4", "--attributors", "random", *FAST
     )
     assert "attributing" not in err
+
+
+TQDM_PLUGIN = """
+from tqdm.auto import tqdm
+
+import attrib_bench
+
+
+class PlainBar:
+    name = "plain-bar"
+    description = "Position decay behind a plain tqdm bar, as transformers' GGUF loading draws"
+    requires = frozenset()
+
+    def attribute(self, trace):
+        for _ in tqdm(range(3), desc="plain tqdm bar"):
+            pass
+        positions = trace.mask_BN.cumsum(-1).float()
+        return attrib_bench.Attribution(aggregated_BLN=(trace.mask_BN / positions)[:, None, :])
+
+
+@attrib_bench.hookimpl
+def attrib_bench_attributors():
+    return [PlainBar()]
+"""
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_quiet_also_silences_plain_tqdm_bars(tiny_bert, tmp_path, quiet):
+    """From the shell, as a user runs it: tqdm reads its switch when first imported."""
+    plugin = tmp_path / "plain_bar.py"
+    plugin.write_text(TQDM_PLUGIN)
+    args = ["--model", tiny_bert, "--limit", "2", "--plugin", plugin, "--attributors", "plain-bar"]
+    args += ["--no-floor", "--reference", "plain-bar", "--output", tmp_path / "result.json"]
+    environment = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}
+    done = subprocess.run(
+        [sys.executable, "-m", "attrib_bench.cli", "run", *map(str, args)]
+        + (["--quiet"] if quiet else []),
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert ("plain tqdm bar" in done.stderr) is not quiet
 
 
 def test_run_on_local_sst2_folder_picks_dev(tiny_bert, run_cli, tmp_path):

@@ -10,7 +10,8 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -740,6 +741,24 @@ def _quiet_libraries() -> None:
     datasets.logging.set_verbosity_error()
 
 
+@contextmanager
+def _plain_bars_off(quiet: bool) -> Iterator[None]:
+    """Under ``--quiet``, for the command's duration, tqdm's own switch (``TQDM_DISABLE``) also
+    silences the bars libraries draw with plain tqdm, outside transformers' switch (its GGUF
+    dequantising). tqdm reads it once, at its import: set before the libraries load, as a
+    command run from the shell does; a process that imported tqdm earlier keeps its bars."""
+    before = os.environ.get("TQDM_DISABLE")
+    if quiet:
+        os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = before
+
+
 #: Commands that load models or data (the others read JSON or the plugin registry only).
 HEAVY_COMMANDS = frozenset(
     {"run", "attribute", "evaluate", "finetune", "identifiability", "similarity"}
@@ -752,9 +771,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Wide tables in logs and pipes; a terminal keeps its own width.
     out = Console() if sys.stdout.isatty() else Console(width=160)
     try:
-        if args.command in HEAVY_COMMANDS:
-            _quiet_libraries()
-        return int(COMMANDS[args.command](args, out))
+        with _plain_bars_off(getattr(args, "quiet", False)):
+            if args.command in HEAVY_COMMANDS:
+                _quiet_libraries()
+            return int(COMMANDS[args.command](args, out))
     except UsageError as error:
         stderr.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
         return int(ExitCode.USAGE_ERROR)
