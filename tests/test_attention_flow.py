@@ -62,6 +62,33 @@ def test_flows_equal_a_linear_program_on_random_graphs(seed):
     np.testing.assert_allclose(flow_rows(matrices, target), _lp_rows(matrices, target), atol=1e-8)
 
 
+def test_flows_equal_the_official_codes_edmonds_karp():
+    """The official code's algorithm (networkx's Edmonds-Karp, one nx.maximum_flow per sink) on
+    a residual-attention graph of MiniLM's depth: the same rows to float64 rounding."""
+    import networkx as nx
+    from networkx.algorithms.flow import edmonds_karp
+
+    rng = np.random.default_rng(7)
+    layers, n, target = 6, 10, 0
+    matrices = 0.5 * rng.dirichlet(np.ones(n), size=(layers, n)) + 0.5 * np.eye(n)
+    graph = nx.DiGraph()
+    for k in range(1, layers + 1):
+        for i in range(n):
+            for j in range(n):
+                graph.add_edge((k, i), (k - 1, j), capacity=float(matrices[k - 1, i, j]))
+    official = np.array(
+        [
+            [
+                nx.maximum_flow_value(graph, (k, target), (0, j), flow_func=edmonds_karp)
+                for j in range(n)
+            ]
+            for k in range(1, layers + 1)
+        ]
+    )
+    official /= official.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(flow_rows(matrices, target), official, rtol=1e-12, atol=1e-14)
+
+
 def test_the_first_layer_row_is_the_residual_attention_row():
     rng = np.random.default_rng(3)
     matrices = rng.random((2, 5, 5))

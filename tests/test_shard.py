@@ -204,3 +204,48 @@ def test_the_api_takes_a_shard(tiny_bert):
     assert sorted(ids[0] + ids[1]) == [f"default-test-{i}" for i in range(5)]
     with pytest.raises(UsageError, match="--shard must be i/N"):
         attrib_bench.run(shard="0/2", **settings)
+
+
+def test_attribute_shards_hold_the_unsharded_files_records(tiny_bert, run_cli, tmp_path):
+    """``attribute --shard i/N`` on independent machines: the two files hold, between them,
+    every record of the unsharded file (the seeded methods' too), none twice."""
+
+    def attribute(name: str, *extra: str) -> Path:
+        output = tmp_path / f"{name}.jsonl"
+        args = run_args(tiny_bert, output, *extra)
+        args[0] = "attribute"
+        evaluators = args.index("--evaluators")
+        del args[evaluators : evaluators + 2]  # attribute runs no evaluator, caches nothing
+        args.remove("--no-cache")
+        code, _, err = run_cli(*args)
+        assert code == 0, err
+        return output
+
+    def records(path: Path) -> list[dict]:
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    whole = attribute("whole")
+    parts = [attribute(f"part-{i}", "--shard", f"{i}/2") for i in (1, 2)]
+    first, second = records(parts[0]), records(parts[1])
+    assert first and second
+    assert {r["id"] for r in first}.isdisjoint({r["id"] for r in second})
+
+    def key(record: dict) -> tuple[str, str]:
+        return record["id"], record["method"]
+
+    assert sorted(first + second, key=key) == sorted(records(whole), key=key)
+    # The concatenation, in shard order, scores as the unsharded file does.
+    joined = tmp_path / "joined.jsonl"
+    joined.write_text(parts[0].read_text() + parts[1].read_text())
+    scored = {}
+    for path in (whole, joined):
+        out = path.with_suffix(".json")
+        code, _, err = run_cli(
+            "evaluate", "--model", tiny_bert, "--dataset", "default", "--limit", "6",
+            "--attributions", path, "--method", "attention", "--evaluators", "spearman",
+            "--batch-size", "2", "--quiet", "--output", out,
+        )  # fmt: skip
+        assert code == 0, err
+        scored[path.stem] = json.loads(out.read_text())["methods"][path.stem]["per_example"]
+    assert scored["joined"] == scored["whole"]
+    assert len(scored["whole"]["spearman"]["aggregated"][-1]) == 6

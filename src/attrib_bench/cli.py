@@ -104,6 +104,16 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
+def _add_shard_option(parser: argparse.ArgumentParser, joined: str) -> None:
+    parser.add_argument(
+        "--shard",
+        metavar="i/N",
+        help="only shard i of N (1-based): batches [floor((i-1)*M/N), floor(i*M/N)) of the "
+        "run's M length-sorted batches (after --limit), so every number is the full run's; "
+        + joined,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="attrib-bench",
@@ -140,13 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="k of the agreement between methods at top k (default: 5; 0: not computed)",
     )
-    run.add_argument(
-        "--shard",
-        metavar="i/N",
-        help="run only shard i of N (1-based): batches [floor((i-1)*M/N), floor(i*M/N)) of the "
-        "run's M length-sorted batches (after --limit), so every number is the full run's; join "
-        "the shards with attrib-bench merge",
-    )
+    _add_shard_option(run, "join the shards with attrib-bench merge")
     run.add_argument(
         "--no-floor",
         dest="floor",
@@ -195,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     attribute = commands.add_parser("attribute", help="write attributions as JSONL")
     _add_run_options(attribute)
     attribute.add_argument("--output", type=Path, required=True, help="JSONL file to write")
+    _add_shard_option(
+        attribute, "the shards' files, concatenated, hold the unsharded file's records"
+    )
 
     evaluate = commands.add_parser(
         "evaluate",
