@@ -22,6 +22,7 @@ from attrib_bench.core.target import Target
 from attrib_bench.model.load import LoadedModel, load_model
 from attrib_bench.testing import check_attributor, conformance
 from attrib_bench.toolkit.norm_decomposition import decompose, layer_inputs, norm_family
+from attrib_bench.toolkit.token_contributions import contributions
 from attrib_bench_plugins.effective import effective_attention
 from attrib_bench_plugins.norm import GLOBENC_EIGHT
 
@@ -478,3 +479,48 @@ def test_the_runner_runs_the_family_on_a_language_model(
         assert len(record["aggregated"]) == 2 and len(record["aggregated"][0]) == len(
             record["tokens"]
         )
+
+
+def _own_hidden_states(loaded: LoadedModel, x_ND: torch.Tensor) -> torch.Tensor:
+    """e^1..e^L of the model's own forward pass with its embedding output set to ``x_ND``: the
+    output of the embedding dropout (GPT-2: token plus position embeddings) or the token
+    embeddings (LLaMA family), Hugging Face's hidden states, the last one taken at the final
+    norm's input (Hugging Face's is its output). (L, n, D)."""
+    base = loaded.model.base_model
+    embedding = base.drop if loaded.model.config.model_type == "gpt2" else base.embed_tokens
+    final_norm = base.ln_f if loaded.model.config.model_type == "gpt2" else base.norm
+    last = []
+    handles = [
+        embedding.register_forward_hook(lambda _m, _i, _o: x_ND[None]),
+        final_norm.register_forward_pre_hook(lambda _m, args: last.append(args[0])),
+    ]
+    n = x_ND.shape[0]
+    try:
+        out = base(input_ids=torch.zeros(1, n, dtype=torch.long), output_hidden_states=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return torch.cat([*out.hidden_states[1:-1], last[0]])
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_hta_differentiates_the_decoders_own_causal_forward_pass(model_type, decoder_dirs):
+    """HTA on a language model (float64): every c^l_ji equals the Jacobian-norm share of the
+    model's own forward pass, so no token takes anything from a later one. Before, the layers
+    were called by hand without the model's arguments: GPT-2's without its causal mask (every
+    token took from later ones), the LLaMA family's without rotary embeddings (an error)."""
+    loaded = load_double(decoder_dirs[(model_type, "lm")])
+    trace = full_trace(loaded, examples()[:1])
+    n = trace.batch.lengths[0]
+    x_ND = trace.hidden_states[0][0, :n]
+    jacobian_LNDND = torch.autograd.functional.jacobian(
+        lambda x: _own_hidden_states(loaded, x), x_ND, vectorize=True
+    )
+    norms_LNN = jacobian_LNDND.pow(2).sum(dim=(2, 4)).sqrt()
+    expected = norms_LNN / norms_LNN.sum(dim=-1, keepdim=True)
+    ours = contributions(loaded, x_ND, "frobenius", targets=range(n))
+    torch.testing.assert_close(ours, expected, **FLOAT32_INSIDE)
+    later = torch.ones(n, n, dtype=torch.bool).triu(diagonal=1)  # i > j
+    assert not ours[:, later].any()
+    hta = load_registry().attributor("hta").attribute(trace).aggregated_BLN
+    torch.testing.assert_close(hta[0, :, :n].double(), ours[:, n - 1], rtol=1e-6, atol=1e-9)

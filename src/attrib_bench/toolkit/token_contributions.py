@@ -22,12 +22,37 @@ if TYPE_CHECKING:  # model.load imports transformers: `attrib-bench list` should
 
 
 def hidden_states_from(loaded: LoadedModel, x_ND: torch.Tensor, layers: int) -> torch.Tensor:
-    """e^layers for one unpadded example, running the encoder layers on its embedding output."""
-    hidden = x_ND[None]
-    for module in loaded.adapter.layer_sequence[:layers]:
-        out = module(hidden)
-        hidden = out[0] if isinstance(out, tuple) else out
-    return hidden[0]
+    """e^layers for one unpadded example of n tokens whose first layer's input is ``x_ND``.
+
+    The model's own forward pass with that input replaced (a pre-hook on the first layer call),
+    so every layer is called as the model calls it: a decoder's causal mask and rotary position
+    embeddings, which running the layer modules by hand would leave out. The output of the
+    ``layers``-th layer call (ALBERT's one shared layer is called L times); the token ids passed
+    only size the masks and positions, since the first layer's input replaces what they embed.
+    """
+    sequence = loaded.adapter.layer_sequence
+    outputs: list[torch.Tensor] = []
+
+    def replace_input(_module: torch.nn.Module, args: tuple, kwargs: dict):
+        if outputs:  # a shared layer's later calls take the previous call's output
+            return None
+        if args:
+            return (x_ND[None], *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": x_ND[None]}
+
+    def keep_output(_module: torch.nn.Module, _args: tuple, out) -> None:
+        outputs.append(out[0] if isinstance(out, tuple) else out)
+
+    handles = [sequence[0].register_forward_pre_hook(replace_input, with_kwargs=True)]
+    handles += [m.register_forward_hook(keep_output) for m in {id(m): m for m in sequence}.values()]
+    n = x_ND.shape[0]
+    ids_1N = torch.zeros(1, n, dtype=torch.long, device=x_ND.device)
+    try:
+        loaded.model.base_model(input_ids=ids_1N, attention_mask=torch.ones_like(ids_1N))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return outputs[layers - 1][0]
 
 
 def contributions(
