@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import SHARED_DATA
 
 from attrib_bench.core.errors import UsageError
 from attrib_bench.results import Result
@@ -249,3 +250,52 @@ def test_attribute_shards_hold_the_unsharded_files_records(tiny_bert, run_cli, t
         scored[path.stem] = json.loads(out.read_text())["methods"][path.stem]["per_example"]
     assert scored["joined"] == scored["whole"]
     assert len(scored["whole"]["spearman"]["aggregated"][-1]) == 6
+
+
+def test_shards_of_a_corpus_level_score_merge_to_the_full_run(tiny_bert, run_cli, tmp_path):
+    """ERASER's macro IOU F1 is a statistic of the corpus, not a mean over examples: a shard
+    keeps its examples' precision and recall (``per_example_parts``), and ``merge`` aggregates
+    the union as the run does (before, merge refused it, and so did every torchrun run)."""
+    args = [
+        "--model", tiny_bert, "--dataset", SHARED_DATA / "hatexplain_eraser", "--limit", "8",
+        "--attributors", "attention,saliency", "--evaluators", "iou-f1,spearman",
+        "--batch-size", "2", "--no-cache", "--quiet",
+    ]  # fmt: skip
+    outputs = {name: tmp_path / f"{name}.json" for name in ("whole", "first", "second")}
+    for name, shard in (
+        ("whole", ()),
+        ("first", ("--shard", "1/2")),
+        ("second", ("--shard", "2/2")),
+    ):
+        code, _, err = run_cli("run", *args, *shard, "--output", outputs[name])
+        assert code == 0, err
+    merged = tmp_path / "merged.json"
+    code, _, err = run_cli("merge", outputs["second"], outputs["first"], "--output", merged)
+    assert code == 0, err
+    whole, joined = json.loads(outputs["whole"].read_text()), json.loads(merged.read_text())
+    for spec, method in whole["methods"].items():
+        for key in ("scores", "per_example", "per_example_parts"):
+            assert joined["methods"][spec][key] == method[key], (spec, key)
+    attention = whole["methods"]["attention"]
+    macro = attention["scores"]["iou-f1"]["aggregated"][-1]
+    per_example_f1 = [
+        v for v in attention["per_example"]["iou-f1"]["aggregated"][-1] if v is not None
+    ]
+    assert macro["n"] >= 3 and macro["mean"] != pytest.approx(
+        sum(per_example_f1) / len(per_example_f1)
+    )
+    assert set(attention["per_example_parts"]["iou-f1"]["aggregated"]) == {"precision", "recall"}
+    # Parts are checked like the per-example scores: one value per example id.
+    short = json.loads(outputs["first"].read_text())
+    short["methods"]["attention"]["per_example_parts"]["iou-f1"]["aggregated"]["recall"][0].pop()
+    outputs["first"].write_text(json.dumps(short))
+    code, _, err = run_cli("merge", outputs["first"], outputs["second"], "--output", merged)
+    assert code == 2 and err.strip().count("\n") == 0, err
+    assert "per_example_parts['iou-f1'].aggregated['recall'][0] must be an array of 4" in err
+    # A shard written before results kept the parts cannot be aggregated: refused, not averaged.
+    older = json.loads(outputs["first"].read_text())
+    for method in older["methods"].values():
+        method.pop("per_example_parts", None)
+    outputs["first"].write_text(json.dumps(older))
+    code, _, err = run_cli("merge", outputs["first"], outputs["second"], "--output", merged)
+    assert code == 2 and "cannot merge iou-f1: a corpus-level score needs per-example parts" in err

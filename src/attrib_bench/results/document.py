@@ -89,9 +89,11 @@ def build_result(
                 doc["evaluators"][evaluator] = _pair_status(method, evaluator)
                 if evaluator in method.evaluator_errors:
                     method.scores.pop(evaluator, None)
-            doc["scores"], doc["per_example"] = summarize_scores(
+            doc["scores"], doc["per_example"], parts = summarize_scores(
                 method, example_ids, config.seed, evaluators
             )
+            if parts:
+                doc["per_example_parts"] = parts
             if right_E is not None:
                 doc["scores_by_answer"] = scores_by_answer(
                     doc["per_example"], right_E, config.seed, evaluators
@@ -179,14 +181,17 @@ def build_result(
 
 def summarize_scores(
     method: MethodState, example_ids: list[str], seed: int, evaluators: dict[str, Any]
-) -> tuple[dict, dict]:
-    """Per evaluator and kind: per-layer summaries, and the per-example scores in data order.
+) -> tuple[dict, dict, dict]:
+    """Per evaluator and kind: per-layer summaries, the per-example scores in data order, and
+    the per-example parts of corpus-level evaluators (evaluator -> kind -> part -> per layer).
 
     An evaluator with ``parts`` is summarised by its ``aggregate`` over the parts' columns (a
-    corpus-level score such as ERASER's macro F1), not by the mean of its per-example scores.
+    corpus-level score such as ERASER's macro F1), not by the mean of its per-example scores;
+    the result keeps the parts so that ``merge`` can summarise the union of shards the same way.
     """
     summaries: dict[str, dict[str, list]] = {}
     per_example: dict[str, dict[str, list]] = {}
+    per_example_parts: dict[str, dict[str, dict[str, list]]] = {}
     for name, kinds in method.scores.items():
         parts = tuple(getattr(evaluators.get(name), "parts", ()))
         for kind in KINDS:
@@ -196,16 +201,22 @@ def summarize_scores(
             if parts:
                 columns = [[kinds[f"{kind}/{p}"][i] for i in example_ids] for p in parts]
                 parts_LEP = np.stack(columns, axis=-1).transpose(1, 0, 2)
+                per_example_parts.setdefault(name, {})[kind] = {
+                    part: _rows(parts_LEP[:, :, index]) for index, part in enumerate(parts)
+                }
                 aggregate = evaluators[name].aggregate
                 layers = [summarize_corpus(values_EP, aggregate, seed) for values_EP in parts_LEP]
                 layers = [{"layer": layer + 1, **summary} for layer, summary in enumerate(layers)]
             else:
                 layers = summarize_layers(matrix, seed)
             summaries.setdefault(name, {})[kind] = layers
-            per_example.setdefault(name, {})[kind] = [
-                [None if np.isnan(v) else float(v) for v in row] for row in matrix
-            ]
-    return summaries, per_example
+            per_example.setdefault(name, {})[kind] = _rows(matrix)
+    return summaries, per_example, per_example_parts
+
+
+def _rows(values_LE: np.ndarray) -> list[list[float | None]]:
+    """Per layer, the examples' values as JSON numbers (null: undefined)."""
+    return [[None if np.isnan(v) else float(v) for v in row] for row in values_LE]
 
 
 def scores_by_answer(

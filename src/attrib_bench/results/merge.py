@@ -4,7 +4,9 @@ Per-example scores are concatenated in the order the parts are given, and every 
 recomputed from them with the run's own statistics (``attrib_bench.results.stats.summarize``, same
 seed), so merging the runs over two halves of a dataset gives the result of one run over the
 whole (tested), the summaries over the examples the model gets right and wrong included
-(``model_right``). What cannot be recomputed from a result file is refused, not approximated.
+(``model_right``); a corpus-level score (``iou-f1``'s macro F1) by its evaluator's own
+``aggregate`` over the union's per-example parts (``per_example_parts``). What cannot be
+recomputed from a result file is refused, not approximated.
 
 Shards (``run --shard i/N``) are the special case of one run's data cut in N: their configs may
 differ only in ``shard``, ``batch_size`` and ``device``, they must hold the same data (dataset
@@ -29,7 +31,7 @@ import numpy as np
 
 from attrib_bench.core.errors import UsageError
 from attrib_bench.results.paired import Paired, paired_section
-from attrib_bench.results.stats import summarize_by_answer, summarize_layers
+from attrib_bench.results.stats import summarize_by_answer, summarize_corpus, summarize_layers
 from attrib_bench.results.typed import LayerScore, MethodResult, Result
 
 #: Config keys that may differ between the parts (they choose the examples or the hardware).
@@ -95,10 +97,20 @@ def _check_mergeable(parts: Sequence[Result]) -> None:
                 f"merge all {count} shards of the run"
             )
     corpus = [name for name, info in parts[0].evaluator_info.items() if info.get("corpus_level")]
-    if corpus:
+    lacking = [
+        name
+        for name in corpus
+        if any(
+            name in method.per_example and name not in method.per_example_parts
+            for part in parts
+            for method in part.methods.values()
+        )
+    ]
+    if lacking:
         raise UsageError(
-            f"cannot merge {', '.join(corpus)}: a corpus-level score needs per-example parts "
-            "that the result file does not hold; merge without it"
+            f"cannot merge {', '.join(lacking)}: a corpus-level score needs per-example parts "
+            "that the result file does not hold (made before attrib-bench kept them); run it "
+            "again, or merge without it"
         )
 
 
@@ -159,6 +171,43 @@ def _reordered(values: list[Any], order: list[int] | None) -> list[Any]:
     return values if order is None else [values[i] for i in order]
 
 
+def _concatenated(by_part: list[list[list[float]]], order: list[int] | None) -> list[list[float]]:
+    """Per layer, the parts' per-example values one after the other (in dataset order)."""
+    layers = {len(rows) for rows in by_part}
+    if len(layers) != 1:
+        raise UsageError(f"cannot merge: the parts hold {sorted(layers)} layers")
+    (count,) = layers
+    return [_reordered([v for rows in by_part for v in rows[i]], order) for i in range(count)]
+
+
+def _corpus_scores(
+    spec: str, evaluator: str, methods: list[MethodResult], seed: int, order: list[int] | None
+) -> tuple[dict[str, dict[str, list]], dict[str, list[LayerScore]]]:
+    """A corpus-level evaluator's per-example parts over the union, and its summary: the
+    evaluator's own ``aggregate`` of the parts' columns, as the run summarises it."""
+    from attrib_bench.core.registry import load_registry  # plugins: only when needed
+
+    try:
+        scorer = load_registry().evaluator(evaluator)
+    except UsageError as error:
+        raise UsageError(f"cannot merge {evaluator}: {error}") from None
+    kinds = [m.per_example_parts[evaluator] for m in methods]
+    parts: dict[str, dict[str, list]] = {}
+    scores: dict[str, list[LayerScore]] = {}
+    for kind in kinds[0]:
+        if any(set(k.get(kind, {})) != set(scorer.parts) for k in kinds):
+            raise UsageError(f"cannot merge {spec}: {evaluator}'s parts differ from {scorer.parts}")
+        parts[kind] = {p: _concatenated([k[kind][p] for k in kinds], order) for p in scorer.parts}
+        values_LEP = np.stack([np.array(parts[kind][p], dtype=float) for p in scorer.parts], -1)
+        scores[kind] = [
+            LayerScore.from_json(
+                {"layer": layer + 1, **summarize_corpus(values_EP, scorer.aggregate, seed)}
+            )
+            for layer, values_EP in enumerate(values_LEP)
+        ]
+    return parts, scores
+
+
 def _merge_method(
     spec: str,
     methods: list[MethodResult],
@@ -196,19 +245,17 @@ def _merge_method(
             statuses.append({"status": "failed", "error": "scores missing from a merged part"})
         per_kind = {}
         if complete:
-            for kind in kinds[0]:
-                layers = {len(k[kind]) for k in kinds}
-                if len(layers) != 1:
-                    raise UsageError(f"cannot merge {spec}: {evaluator} has {layers} layers")
-                (count,) = layers
-                per_kind[kind] = [
-                    _reordered([v for k in kinds for v in k[kind][i]], order) for i in range(count)
-                ]
+            per_kind = {kind: _concatenated([k[kind] for k in kinds], order) for kind in kinds[0]}
         pair = _merged_pair(statuses, [r for rows in per_kind.values() for r in rows] or None)
         merged.evaluators[evaluator] = pair
         if pair["status"] == "failed":
             continue
         merged.per_example[evaluator] = per_kind
+        if evaluator in first.per_example_parts:  # corpus-level: aggregated, not averaged
+            merged.per_example_parts[evaluator], merged.scores[evaluator] = _corpus_scores(
+                spec, evaluator, methods, seed, order
+            )
+            continue  # nor split by answer: the run leaves corpus-level scores out there too
         rows = {kind: np.array(values, dtype=float) for kind, values in per_kind.items()}
         merged.scores[evaluator] = {
             kind: [LayerScore.from_json(x) for x in summarize_layers(values_LE, seed)]

@@ -50,6 +50,7 @@ METHOD_KEYS = (
     "scores",
     "scores_by_answer",
     "per_example",
+    "per_example_parts",
 )
 #: The subsets ``scores_by_answer`` splits the examples into, by ``Result.model_right``.
 ANSWERS = ("right", "wrong")
@@ -133,6 +134,11 @@ class MethodResult:
     per_example: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)
     #: With ``Result.model_right``: "right" / "wrong" -> as ``scores``, over those examples.
     scores_by_answer: dict[str, dict[str, dict[str, list[LayerScore]]]] | None = None
+    #: Corpus-level evaluators (``parts``): evaluator -> kind -> part -> as ``per_example``,
+    #: what their summary aggregates (so that ``merge`` can aggregate the union).
+    per_example_parts: dict[str, dict[str, dict[str, list[list[float]]]]] = field(
+        default_factory=dict
+    )
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -155,16 +161,23 @@ class MethodResult:
                 else None
             ),
             per_example={
-                evaluator: {
-                    kind: [[_number(v) for v in row] for row in rows]
-                    for kind, rows in kinds.items()
-                }
+                evaluator: _rows_by_kind(kinds)
                 for evaluator, kinds in entry.get("per_example", {}).items()
+            },
+            per_example_parts={
+                evaluator: {kind: _rows_by_kind(parts) for kind, parts in kinds.items()}
+                for evaluator, kinds in entry.get("per_example_parts", {}).items()
             },
             extra={k: v for k, v in entry.items() if k not in METHOD_KEYS},
         )
 
     def to_json(self) -> dict[str, Any]:
+        parts = {}
+        if self.per_example_parts:
+            parts["per_example_parts"] = {
+                evaluator: {kind: _json_rows_by_kind(by) for kind, by in kinds.items()}
+                for evaluator, kinds in self.per_example_parts.items()
+            }
         by_answer = {}
         if self.scores_by_answer is not None:
             by_answer["scores_by_answer"] = {
@@ -183,12 +196,10 @@ class MethodResult:
             "scores": _summaries_json(self.scores),
             **by_answer,
             "per_example": {
-                evaluator: {
-                    kind: [[_json_number(v) for v in row] for row in rows]
-                    for kind, rows in kinds.items()
-                }
+                evaluator: _json_rows_by_kind(kinds)
                 for evaluator, kinds in self.per_example.items()
             },
+            **parts,
             **self.extra,
         }
 
@@ -208,6 +219,15 @@ class MethodResult:
     ) -> np.ndarray:
         """Per-example scores of one layer, in ``Result.example_ids`` order (NaN: undefined)."""
         return np.asarray(self.per_example[evaluator][kind][layer], dtype=float)
+
+
+def _rows_by_kind(rows_by: Mapping[str, Any]) -> dict[str, list[list[float]]]:
+    """``{key: per layer, per example}`` from JSON (null: NaN)."""
+    return {key: [[_number(v) for v in row] for row in rows] for key, rows in rows_by.items()}
+
+
+def _json_rows_by_kind(rows_by: Mapping[str, Any]) -> dict[str, list[list[float | None]]]:
+    return {key: [[_json_number(v) for v in row] for row in rows] for key, rows in rows_by.items()}
 
 
 def _summaries(scores: Mapping[str, Any]) -> dict[str, dict[str, list[LayerScore]]]:
@@ -412,10 +432,22 @@ def _validate_method(schema: Schema, method: Any, where: str, examples: int | No
     per_example = schema.object(method.get("per_example", {}), f"{where}.per_example")
     for evaluator, kinds in per_example.items():
         for kind, layers in schema.kinds(kinds, f"{where}.per_example[{evaluator!r}]"):
-            for index, values in enumerate(layers):
-                at = f"{where}.per_example[{evaluator!r}].{kind}[{index}]"
-                for position, value in enumerate(schema.array(values, at, examples)):
-                    schema.optional_number(value, f"{at}[{position}]")
+            _validate_rows(schema, layers, f"{where}.per_example[{evaluator!r}].{kind}", examples)
+    at = f"{where}.per_example_parts"
+    for evaluator, kinds in schema.object(method.get("per_example_parts", {}), at).items():
+        for kind, parts in schema.object(kinds, f"{at}[{evaluator!r}]").items():
+            schema.choice(kind, KINDS, f"{at}[{evaluator!r}] key")
+            for part, layers in schema.object(parts, f"{at}[{evaluator!r}].{kind}").items():
+                rows_at = f"{at}[{evaluator!r}].{kind}[{part!r}]"
+                _validate_rows(schema, schema.array(layers, rows_at), rows_at, examples)
+
+
+def _validate_rows(schema: Schema, layers: Sequence[Any], where: str, examples: int | None) -> None:
+    """Per layer, one number or null per example."""
+    for index, values in enumerate(layers):
+        at = f"{where}[{index}]"
+        for position, value in enumerate(schema.array(values, at, examples)):
+            schema.optional_number(value, f"{at}[{position}]")
 
 
 def _validate_summaries(schema: Schema, scores: Any, where: str) -> None:
