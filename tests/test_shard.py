@@ -299,3 +299,18 @@ def test_shards_of_a_corpus_level_score_merge_to_the_full_run(tiny_bert, run_cli
     outputs["first"].write_text(json.dumps(older))
     code, _, err = run_cli("merge", outputs["first"], outputs["second"], "--output", merged)
     assert code == 2 and "cannot merge iou-f1: a corpus-level score needs per-example parts" in err
+
+
+def test_shards_of_different_batch_sizes_are_refused(tiny_bert, run_cli, tmp_path):
+    """Shard i is a slice of the batches, so shards at different batch sizes need not partition
+    the data (here: 1/2 at batch 2 holds examples 0-3 of 6, 2/2 at batch 3 examples 3-5)."""
+    parts = []
+    for shard, size in (("1/2", "2"), ("2/2", "3")):
+        args = run_args(tiny_bert, tmp_path / f"{size}.json", "--shard", shard)
+        args[args.index("--batch-size") + 1] = size
+        code, _, err = run_cli(*args)
+        assert code == 0, err
+        parts.append(tmp_path / f"{size}.json")
+    code, _, err = run_cli("merge", *parts, "--output", tmp_path / "all.json")
+    assert code == 2 and "batch_size" in err and err.strip().count("\n") == 0, err
+    assert not (tmp_path / "all.json").exists()

@@ -173,8 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="join results over disjoint examples (run --shard i/N) into one",
         description="Join results over disjoint examples into one result, every statistic "
         "recomputed; the N shards of one run (run --shard i/N) become the unsharded run's "
-        "result. Refuses parts whose model, code or settings differ (but shard, batch size and "
-        "device; unsharded parts also dataset, split and limit), shards of other data, a "
+        "result. Refuses parts whose model, code or settings differ (but shard and device; "
+        "unsharded parts also batch size, dataset, split and limit), shards of other data, a "
         "repeated example id, and a missing shard.",
     )
     merge.add_argument("parts", type=Path, nargs="+", help="result JSON files to join")

@@ -9,8 +9,9 @@ whole (tested), the summaries over the examples the model gets right and wrong i
 recomputed from a result file is refused, not approximated.
 
 Shards (``run --shard i/N``) are the special case of one run's data cut in N: their configs may
-differ only in ``shard``, ``batch_size`` and ``device``, they must hold the same data (dataset
-fingerprint) and all N shards once each; they are joined into the result of the unsharded run
+differ only in ``shard`` and ``device`` (a shard is a slice of the batches, which the batch size
+makes, so shards of different batch sizes would not partition the data), they must hold the
+same data (dataset fingerprint) and all N shards once each; they are joined into the result of the unsharded run
 (``shard`` null, the data's own fingerprint), its examples in dataset order again: a shard holds
 whole batches of the length-sorted run, and records each example's index in the data
 (``provenance.dataset.positions``).
@@ -37,7 +38,9 @@ from attrib_bench.results.typed import LayerScore, MethodResult, Result
 #: Config keys that may differ between the parts (they choose the examples or the hardware).
 PER_PART_CONFIG = frozenset({"dataset", "split", "limit", "batch_size", "device"})
 #: Config keys that may differ between the shards of one run (the data is the same).
-PER_SHARD_CONFIG = frozenset({"shard", "batch_size", "device"})
+#: Not the batch size: shard i is a slice of the run's batches, so shards made at different batch
+#: sizes can leave examples out or hold some twice.
+PER_SHARD_CONFIG = frozenset({"shard", "device"})
 
 
 def parse_shard(text: str) -> tuple[int, int]:
