@@ -10,11 +10,11 @@ recomputed from a result file is refused, not approximated.
 
 Shards (``run --shard i/N``) are the special case of one run's data cut in N: their configs may
 differ only in ``shard`` and ``device`` (a shard is a slice of the batches, which the batch size
-makes, so shards of different batch sizes would not partition the data), they must hold the
-same data (dataset fingerprint) and all N shards once each; they are joined into the result of
-the unsharded run (``shard`` null, the data's own fingerprint), its examples in dataset order again: a shard holds
-whole batches of the length-sorted run, and records each example's index in the data
-(``provenance.dataset.positions``).
+makes, so shards of different batch sizes would not partition the data), they must hold the same
+data (dataset fingerprint) and all N shards once each; they are joined into the result of the
+unsharded run (``shard`` null, the data's own fingerprint), its examples in dataset order again:
+a shard holds whole batches of the length-sorted run, and records each example's index in the
+data (``provenance.dataset.positions``).
 """
 
 from __future__ import annotations
