@@ -174,33 +174,55 @@ def _reordered(values: list[Any], order: list[int] | None) -> list[Any]:
     return values if order is None else [values[i] for i in order]
 
 
-def _concatenated(by_part: list[list[list[float]]], order: list[int] | None) -> list[list[float]]:
+def _concatenated(
+    by_part: list[list[list[float]]], order: list[int] | None, what: str
+) -> list[list[float]]:
     """Per layer, the parts' per-example values one after the other (in dataset order)."""
     layers = {len(rows) for rows in by_part}
     if len(layers) != 1:
-        raise UsageError(f"cannot merge: the parts hold {sorted(layers)} layers")
+        raise UsageError(f"cannot merge {what}: the parts hold {sorted(layers)} layers")
     (count,) = layers
     return [_reordered([v for rows in by_part for v in rows[i]], order) for i in range(count)]
 
 
+def _corpus_scorers(parts: Sequence[Result]) -> dict[str, Any]:
+    """The corpus-level evaluators whose parts the results hold, from the installed plugins
+    (their ``parts`` and ``aggregate``), the registry loaded once and only when needed."""
+    names = {n for m in parts[0].methods.values() for n in m.per_example_parts}
+    if not names:
+        return {}
+    from attrib_bench.core.registry import load_registry  # imports the plugins
+
+    registry = load_registry()
+    scorers = {}
+    for name in sorted(names):
+        try:
+            scorers[name] = registry.evaluator(name)
+        except UsageError as error:
+            raise UsageError(f"cannot merge {name}: {error}") from None
+    return scorers
+
+
 def _corpus_scores(
-    spec: str, evaluator: str, methods: list[MethodResult], seed: int, order: list[int] | None
+    spec: str,
+    evaluator: str,
+    scorer: Any,
+    methods: list[MethodResult],
+    seed: int,
+    order: list[int] | None,
 ) -> tuple[dict[str, dict[str, list]], dict[str, list[LayerScore]]]:
     """A corpus-level evaluator's per-example parts over the union, and its summary: the
     evaluator's own ``aggregate`` of the parts' columns, as the run summarises it."""
-    from attrib_bench.core.registry import load_registry  # plugins: only when needed
-
-    try:
-        scorer = load_registry().evaluator(evaluator)
-    except UsageError as error:
-        raise UsageError(f"cannot merge {evaluator}: {error}") from None
     kinds = [m.per_example_parts[evaluator] for m in methods]
     parts: dict[str, dict[str, list]] = {}
     scores: dict[str, list[LayerScore]] = {}
     for kind in kinds[0]:
         if any(set(k.get(kind, {})) != set(scorer.parts) for k in kinds):
             raise UsageError(f"cannot merge {spec}: {evaluator}'s parts differ from {scorer.parts}")
-        parts[kind] = {p: _concatenated([k[kind][p] for k in kinds], order) for p in scorer.parts}
+        parts[kind] = {
+            p: _concatenated([k[kind][p] for k in kinds], order, f"{spec}: {evaluator}")
+            for p in scorer.parts
+        }
         values_LEP = np.stack([np.array(parts[kind][p], dtype=float) for p in scorer.parts], -1)
         scores[kind] = [
             LayerScore.from_json(
@@ -218,6 +240,7 @@ def _merge_method(
     seed: int,
     right_E: np.ndarray | None,
     order: list[int] | None,
+    scorers: dict[str, Any],
 ):
     first = methods[0]
     failed = next((m for m in methods if m.status != "ok"), None)
@@ -248,7 +271,10 @@ def _merge_method(
             statuses.append({"status": "failed", "error": "scores missing from a merged part"})
         per_kind = {}
         if complete:
-            per_kind = {kind: _concatenated([k[kind] for k in kinds], order) for kind in kinds[0]}
+            per_kind = {
+                kind: _concatenated([k[kind] for k in kinds], order, f"{spec}: {evaluator}")
+                for kind in kinds[0]
+            }
         pair = _merged_pair(statuses, [r for rows in per_kind.values() for r in rows] or None)
         merged.evaluators[evaluator] = pair
         if pair["status"] == "failed":
@@ -256,7 +282,7 @@ def _merge_method(
         merged.per_example[evaluator] = per_kind
         if evaluator in first.per_example_parts:  # corpus-level: aggregated, not averaged
             merged.per_example_parts[evaluator], merged.scores[evaluator] = _corpus_scores(
-                spec, evaluator, methods, seed, order
+                spec, evaluator, scorers[evaluator], methods, seed, order
             )
             continue  # nor split by answer: the run leaves corpus-level scores out there too
         rows = {kind: np.array(values, dtype=float) for kind, values in per_kind.items()}
@@ -345,8 +371,11 @@ def merge(parts: Sequence[Result]) -> Result:
     answers = [part.model_right for part in parts]
     model_right = None if None in answers else _reordered([r for a in answers for r in a], order)
     right_E = None if model_right is None else np.array(model_right, dtype=bool)
+    scorers = _corpus_scorers(parts)
     methods = {
-        spec: _merge_method(spec, [p.methods[spec] for p in parts], sizes, seed, right_E, order)
+        spec: _merge_method(
+            spec, [p.methods[spec] for p in parts], sizes, seed, right_E, order, scorers
+        )
         for spec in first.methods
     }
     # The paired comparison is recomputed over all examples; the agreement matrix needs the
