@@ -112,6 +112,14 @@ class LoadedModel:
         """
         return adapter_for(self.model, self.architectures)
 
+    @property
+    def class_count(self) -> int:
+        """How many classes the explained logits have (``target_logits``' last dimension): the
+        labels of a classifier, the output vocabulary of a language model."""
+        if self.is_language_model:
+            return self.model.get_output_embeddings().out_features
+        return self.model.config.num_labels
+
     def target_logits(self, logits: torch.Tensor, positions_B: torch.Tensor) -> torch.Tensor:
         """:func:`target_logits` of this model: for code below ``model`` in the layers (the
         toolkit), which reads a model through the object it is given."""

@@ -26,7 +26,8 @@ def write_attributions(config: RunConfig, output: Path, quiet: bool = False) -> 
     """Write every selected method's rows for every example; False if a method failed.
 
     ``aggregated``: a list over layers of target-row scores over all real tokens, special tokens
-    included (one entry for whole-model methods); ``local``: the single-layer rows, or null.
+    included (one entry for whole-model methods); ``local``: the single-layer rows, or null;
+    ``target``: the run's attribution target (``--target``, resolved), which ``evaluate`` adopts.
     """
     torch.manual_seed(config.seed)
     prepared = prepare(config, quiet)
@@ -48,6 +49,7 @@ def _write(
     prepared: Prepared, methods: list[MethodState], seed: int, temporary: Path, quiet: bool
 ) -> None:
     spans: dict[str, list[tuple[int, int]]] = {}  # example id -> (offset, size) of its records
+    target = str(prepared.target)  # the run's, resolved: what ``evaluate`` must score
     with tempfile.TemporaryFile("w+b") as spool:
         for trace, results in attribution_stream(prepared, methods, seed, quiet=quiet):
             batch = trace.batch
@@ -61,6 +63,7 @@ def _write(
                         "method": spec,
                         "aggregated": attribution.example_rows("aggregated", row, length),
                         "local": attribution.example_rows("local", row, length),
+                        "target": target,
                     }
                     line = (json.dumps(record) + "\n").encode()
                     spans.setdefault(example.id, []).append((spool.tell(), len(line)))

@@ -88,6 +88,8 @@ def detect_format(path: Path) -> str:
     """The file's format from its first bytes (torch.save: zip or pickle) or first record."""
     with path.open("rb") as handle:
         head = handle.read(2)
+    if not head:
+        raise UsageError(f"attributions file {str(path)!r} is empty")
     if head in (b"PK", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05"):
         return "captum"
     try:  # a decoding error is a ValueError too
@@ -111,17 +113,26 @@ def detect_format(path: Path) -> str:
     )
 
 
-def _matrix(values: Any, where: str) -> np.ndarray:
-    """Scores as rows (L, N): a flat list is one row."""
+def _matrix(values: Any, where: str, rows: bool = True) -> np.ndarray:
+    """Scores as rows (L, N): a flat list is one row (the only shape ``rows=False`` takes)."""
     try:
         array = np.asarray(values, dtype=np.float32)
     except (TypeError, ValueError):
-        raise UsageError(f"{where}: scores are not numbers") from None
+        raise UsageError(f"{where}: scores are not numbers (or rows of unequal length)") from None
     if array.ndim == 1:
         array = array[None, :]
-    if array.ndim != 2 or array.shape[0] < 1:
-        raise UsageError(f"{where}: scores must be a list per token or a list of such rows")
+    if array.ndim != 2 or array.shape[0] < 1 or (not rows and array.shape[0] != 1):
+        shape = "a list of numbers" if not rows else "a list per token or a list of such rows"
+        raise UsageError(f"{where}: scores must be {shape}")
     return array
+
+
+def _add(method: FileMethod, key: Any, rows: Rows, where: str) -> None:
+    """One example's rows; a second record for the same example is refused (which would win?)."""
+    key = str(key)
+    if key in method.rows:
+        raise UsageError(f"{where}: example {key!r} appears twice")
+    method.rows[key] = rows
 
 
 def _read_attribute(path: Path, method: str | None) -> dict[str, FileMethod]:
@@ -139,17 +150,28 @@ def _read_attribute(path: Path, method: str | None) -> dict[str, FileMethod]:
             None if local is None else _matrix(local, where),
             tokens=record["tokens"],
         )
-        methods.setdefault(spec, FileMethod(spec=spec)).rows[str(record["id"])] = rows
+        _add(methods.setdefault(spec, FileMethod(spec=spec)), record["id"], rows, f"{path}: {spec}")
     for spec, error in failed.items():
         console.warn(f"{spec} failed when the file was written and is not scored: {error}")
     if method is not None:
         wanted = str(Spec.parse(method))
+        if wanted in failed:
+            raise UsageError(f"{path}: {wanted} failed when the file was written: {failed[wanted]}")
         if wanted not in methods:
             raise unknown_choice(f"method in {path}", wanted, methods)
         return {wanted: methods[wanted]}
     if not methods:
         raise UsageError(f"{path}: no method has attributions (all failed)")
     return methods
+
+
+def _attribute_target(path: Path) -> str | None:
+    """The run target an ``attribute`` file was written for (its first record's; None for a
+    file written before records carried it)."""
+    with path.open() as handle:
+        line = next(line for line in handle if line.strip())
+    target = json.loads(line).get("target")
+    return None if target is None else str(target)
 
 
 def _read_generic(path: Path) -> FileMethod:
@@ -161,12 +183,14 @@ def _read_generic(path: Path) -> FileMethod:
         if key not in record or "tokens" not in record or "scores" not in record:
             raise UsageError(f"{path}: line {number} lacks {key!r}, 'tokens' or 'scores'")
         target = record.get("target")
-        if target is not None and not isinstance(target, int):
-            raise UsageError(f"{path}: line {number}: target must be a class index")
+        valid = isinstance(target, int) and not isinstance(target, bool) and target >= 0
+        if target is not None and not valid:
+            raise UsageError(
+                f"{path}: line {number}: target must be a class index >= 0, got {target!r}"
+            )
         where = f"{path}: example {record[key]!r}"
-        method.rows[str(record[key])] = Rows(
-            _matrix(record["scores"], where), tokens=list(record["tokens"]), target=target
-        )
+        rows = Rows(_matrix(record["scores"], where), tokens=list(record["tokens"]), target=target)
+        _add(method, record[key], rows, str(path))
     targets = {rows.target is None for rows in method.rows.values()}
     if len(targets) > 1:
         raise UsageError(f"{path}: give a target for every example or for none")
@@ -212,7 +236,7 @@ def _read_captum(path: Path, reduce: str, examples: list[Example]) -> FileMethod
             raise UsageError(
                 f"{path}: example {key!r} has shape {tuple(values.shape)}; expected (N,) or (N, D)"
             )
-        method.rows[str(key)] = Rows(values.numpy()[None, :])
+        method.rows[str(key)] = Rows(values.numpy()[None, :])  # dict keys: never twice
     return method
 
 
@@ -224,8 +248,9 @@ def _read_eraser(path: Path) -> FileMethod:
             raise UsageError(
                 f"{path}: annotation {record['annotation_id']!r} has no soft_rationale_predictions"
             )
-        words = np.asarray(soft[0]["soft_rationale_predictions"], dtype=np.float32)
-        method.rows[str(record["annotation_id"])] = Rows(np.zeros((1, 0)), words=words)
+        where = f"{path}: annotation {record['annotation_id']!r}"
+        (words,) = _matrix(soft[0]["soft_rationale_predictions"], where, rows=False)
+        _add(method, record["annotation_id"], Rows(np.zeros((1, 0)), words=words), str(path))
     return method
 
 
@@ -271,8 +296,10 @@ class FileAttributor:
         self.rows: dict[str, Rows] = {}
 
     def check(self, prepared: Prepared) -> None:
-        """Every example's rows, found and checked against its tokens before any pass: one
-        line naming the first missing or mismatching example."""
+        """Every example's rows, found and checked against its tokens, its scores finite and
+        its target a class of the model, before any pass: one line naming the first missing or
+        mismatching example."""
+        classes = prepared.loaded.class_count
         for batch in prepared.batches:
             for row, example in enumerate(batch.examples):
                 key = example.text if self.method.by_text else example.id
@@ -283,11 +310,19 @@ class FileAttributor:
                         f"{self.name}: no attributions for example {example.id!r} (by {what}) "
                         "in the file"
                     )
+                if found.target is not None and found.target >= classes:
+                    raise UsageError(
+                        f"{self.name}: example {example.id!r} has target {found.target}, but "
+                        f"the model has {classes} classes"
+                    )
                 self.rows[example.id] = self._fitted(found, batch, row, example)
 
     def _fitted(self, rows: Rows, batch: Batch, row: int, example: Example) -> Rows:
         tokens = batch.tokens[row]
         where = f"{self.name}: example {example.id!r}"
+        for matrix in (rows.aggregated_LN, rows.local_LN, rows.words):
+            if matrix is not None and not np.isfinite(matrix).all():
+                raise UsageError(f"{where}: a score is not a finite number (NaN, inf or null)")
         if rows.words is not None:
             words = example.text.split()
             if len(rows.words) != len(words):
@@ -399,12 +434,20 @@ def evaluate(
     if reduce not in REDUCTIONS:
         raise unknown_choice("--reduce", reduce, REDUCTIONS)
     fmt = detect_format(path)
+    written = _attribute_target(path) if fmt == "attribute" else None
+    if written is not None and config.target is None:
+        config = dataclasses.replace(config, target=written)
     reference = config.reference
     evaluators = list(config.evaluators or DEFAULT_EVALUATORS)
     base = dataclasses.replace(
         config, attributors=None, evaluators=evaluators, floor=False, reference="saliency"
     )
     prepared = prepare(base, quiet)
+    if written is not None and str(prepared.target) != written:
+        raise UsageError(
+            f"{path} explains target {written}, but --target gives {prepared.target}: leave "
+            "--target out to score the file's"
+        )
     registry = prepared.registry
     methods = read_file(path, fmt, prepared.data.examples, method, reduce)
     names = _method_names(path, methods, name)
