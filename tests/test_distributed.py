@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,25 +21,30 @@ ARGS = (
 )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def runs(tiny_bert, tmp_path_factory) -> dict[str, Result]:
-    from attrib_bench.cli import main
-
-    folder = tmp_path_factory.mktemp("distributed")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ATTRIB_BENCH_CACHE": str(folder / "cache")}
-    single, launched = folder / "single.json", folder / "launched.json"
-    arguments = [*ARGS, "--model", str(tiny_bert)]
-    assert main([*arguments, "--output", str(single)]) == 0  # this process: no launcher
+def _torchrun(arguments: list[str], cache: Path) -> subprocess.CompletedProcess:
+    """``attrib-bench`` under torchrun with two gloo processes on the CPU."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ATTRIB_BENCH_CACHE": str(cache)}
     # --standalone: a free port of its own, never one another job holds
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     torchrun += ["--nproc-per-node", "2"]
-    done = subprocess.run(
-        [*torchrun, "-m", "attrib_bench", *arguments, "--output", str(launched)],
+    return subprocess.run(
+        [*torchrun, "-m", "attrib_bench", *arguments],
         env=env,
         capture_output=True,
         text=True,
         timeout=180,
     )
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_bert, tmp_path_factory) -> dict[str, Result]:
+    from attrib_bench.cli import main
+
+    folder = tmp_path_factory.mktemp("distributed")
+    single, launched = folder / "single.json", folder / "launched.json"
+    arguments = [*ARGS, "--model", str(tiny_bert)]
+    assert main([*arguments, "--output", str(single)]) == 0  # this process: no launcher
+    done = _torchrun([*arguments, "--output", str(launched)], folder / "cache")
     assert done.returncode == 0, done.stderr[:3000] + "\n...\n" + done.stderr[-1500:]
     return {"single": Result.load(single), "launched": Result.load(launched), "out": done.stdout}
 
@@ -56,3 +62,15 @@ def test_two_processes_give_the_single_process_numbers(runs):
 
 def test_rank_zero_alone_prints_the_leaderboard(runs):
     assert runs["out"].count("spearman vs saliency") == 1
+
+
+def test_more_processes_than_batches_is_one_line(tiny_bert, tmp_path):
+    """A process with an empty shard still joins the gather: rank 0 alone says why, one line,
+    and no process dies on a closed gloo socket (an internal error, exit 4, before)."""
+    arguments = [*ARGS, "--model", str(tiny_bert), "--limit", "2", "--output", "x.json"]
+    done = _torchrun(arguments, tmp_path / "cache")
+    assert done.returncode != 0
+    ours = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(ours) == 1, done.stderr[-3000:]
+    assert "holds no example" in ours[0] and "process(es)" in ours[0]
+    assert "internal error" not in done.stderr and "exitcode  : 4" not in done.stderr

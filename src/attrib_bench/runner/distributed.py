@@ -9,8 +9,9 @@ batches, with per-example seeds and per-example cache entries, so a crashed proc
 its cache. Every example keeps the batch companions it has in one process, so every per-example
 number is the single-process run's at any batch size. The results are gathered to rank 0, which
 merges them (``attrib_bench.results.merge``: dataset order restored, statistics computed after
-the merge) and alone prints and writes the result. The model is built (fine-tuned, when the run
-says so) by rank 0 first, the others then reading it from the cache.
+the merge) and alone prints and writes the result, or the first process's usage error (an
+empty shard when there are more processes than batches), one line. The model is built
+(fine-tuned, when the run says so) by rank 0 first, the others then reading it from the cache.
 """
 
 from __future__ import annotations
@@ -67,12 +68,18 @@ def run_sharded(plan: RunPlan, quiet: bool) -> dict[str, Any] | None:
     shard = f"{state.process_index + 1}/{state.num_processes}"
     config = dataclasses.replace(plan.config, shard=shard, device=device)
     try:
-        document = run_config(config, quiet=quiet or not main, cache=plan.cache)
+        try:
+            document = run_config(config, quiet=quiet or not main, cache=plan.cache)
+        except UsageError as error:  # joins the gather, or its peers die on a closed socket
+            document = {"usage_error": str(error)}
         documents = gather_object([document])
     finally:  # a process leaving with the group open can abort its peers' gloo sockets
         state.destroy_process_group()
     if not main:
         return None
+    errors = [part["usage_error"] for part in documents if "usage_error" in part]
+    if errors:  # rank 0 alone says it: one line for the job
+        raise UsageError(errors[0])
     merged = merge([Result.from_document(part) for part in documents]).to_document()
     merged.update(plan.extra)
     return merged

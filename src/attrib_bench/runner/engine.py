@@ -270,7 +270,8 @@ def shard_batches(plan: BatchPlan, index: int, count: int) -> tuple[BatchPlan, l
     if start == stop:
         raise UsageError(
             f"shard {index}/{count} holds no example: the data makes {total} batch(es) at "
-            f"this --batch-size, so give at most {total} shard(s)"
+            f"this --batch-size, so run at most {total} shard(s) or process(es), or lower "
+            "--batch-size"
         )
     return plan.subset(range(start, stop))
 
