@@ -259,7 +259,7 @@ def test_shards_of_a_corpus_level_score_merge_to_the_full_run(tiny_bert, run_cli
     args = [
         "--model", tiny_bert, "--dataset", SHARED_DATA / "hatexplain_eraser", "--limit", "8",
         "--attributors", "attention,saliency", "--evaluators", "iou-f1,spearman",
-        "--batch-size", "2", "--no-cache", "--quiet",
+        "--batch-size", "2", "--max-length", "24", "--no-cache", "--quiet",
     ]  # fmt: skip
     outputs = {name: tmp_path / f"{name}.json" for name in ("whole", "first", "second")}
     for name, shard in (
@@ -285,6 +285,10 @@ def test_shards_of_a_corpus_level_score_merge_to_the_full_run(tiny_bert, run_cli
         sum(per_example_f1) / len(per_example_f1)
     )
     assert set(attention["per_example_parts"]["iou-f1"]["aggregated"]) == {"precision", "recall"}
+    # The share of rationale words truncation cut off is the whole run's (it was lost: null).
+    lost = {name: d["provenance"]["dataset"]["rationale_words_lost"] for name, d in
+            (("whole", whole), ("joined", joined))}  # fmt: skip
+    assert 0 < lost["whole"] < 1 and lost["joined"] == lost["whole"]
     # Parts are checked like the per-example scores: one value per example id.
     short = json.loads(outputs["first"].read_text())
     short["methods"]["attention"]["per_example_parts"]["iou-f1"]["aggregated"]["recall"][0].pop()

@@ -112,6 +112,7 @@ def build_result(
         "truncated": prepared.truncated,
         "max_length": prepared.max_length,
         "rationale_words_lost": prepared.rationale_words_lost,
+        "rationale_words": dict(zip(("lost", "total"), prepared.rationale_words, strict=True)),
         "contentless": len(prepared.contentless),
     }
     if prepared.positions is not None:

@@ -321,9 +321,16 @@ def _merge_provenance(parts: Sequence[Result], sharded: bool) -> dict[str, Any]:
                 merged[key] = sum(c.get(key, 0) for c in counts)
         merged["paradigms"] = dict(sum((Counter(c["paradigms"]) for c in counts), Counter()))
     dataset.pop("positions", None)  # the merged result holds the data in its own order
-    lost = [d.get("rationale_words_lost") for d in datasets]
-    if any(v != lost[0] for v in lost):
-        dataset["rationale_words_lost"] = None  # a share of words: not recoverable per part
+    counts = [d.get("rationale_words") for d in datasets]
+    if all(counts):  # the share over the union, from the parts' counts
+        lost, total = (sum(c[key] for c in counts) for key in ("lost", "total"))
+        dataset["rationale_words"] = {"lost": lost, "total": total}
+        dataset["rationale_words_lost"] = lost / total if total else None
+    elif any(
+        d.get("rationale_words_lost") != datasets[0].get("rationale_words_lost") for d in datasets
+    ):
+        dataset.pop("rationale_words", None)
+        dataset["rationale_words_lost"] = None  # shares without counts (older results)
     return provenance
 
 

@@ -160,11 +160,17 @@ class Prepared:
     target: Target = DEFAULT_TARGET
     #: Next-token examples dropped because their two words share the first token.
     shared_first_token: int = 0
-    #: Share of rationale words truncation cut off (None: no rationale words).
-    rationale_words_lost: float | None = None
+    #: (rationale words truncation cut off, rationale words): counts, so shards add up.
+    rationale_words: tuple[int, int] = (0, 0)
     #: Under ``--shard``: each example's index in the unsharded data (``merge`` restores the
     #: dataset order from them); None for a run over all the data.
     positions: list[int] | None = None
+
+    @property
+    def rationale_words_lost(self) -> float | None:
+        """Share of rationale words truncation cut off (None: no rationale words)."""
+        lost, total = self.rationale_words
+        return lost / total if total else None
 
 
 def resolve_model(
@@ -255,7 +261,7 @@ def prepare(config: RunConfig, quiet: bool = False) -> Prepared:
         contentless,
         target,
         shared,
-        lost / total if total else None,
+        (lost, total),
         positions,
     )
 
