@@ -148,8 +148,8 @@ def test_eraser_word_scores_spread_to_every_sub_token(tiny_bert, tmp_path):
     np.testing.assert_array_equal(spread, [[0, 1, 2, 3, 4, 5, 5, 6, 7, 8, 0]])
 
 
-def _one_line_error(run_cli, model: Path, path: Path) -> str:
-    code, _, err = run_cli("evaluate", "--model", model, *DATA, "--attributions", path)
+def _one_line_error(run_cli, model: Path, path: Path, *extra: str) -> str:
+    code, _, err = run_cli("evaluate", "--model", model, *DATA, "--attributions", path, *extra)
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1, err
     return err
@@ -234,6 +234,7 @@ def _eraser(attributed: Path, soft) -> list[dict]:
         ("inf score", "a score is not a finite number"),
         ("null score", "a score is not a finite number"),
         ("ragged layers", "rows of unequal length"),
+        ("more layers", "holds 2 aggregated and no local rows, the first example 1 and no"),
         ("duplicate id", "appears twice"),
         ("eraser strings", "scores are not numbers"),
         ("eraser ragged", "scores are not numbers"),
@@ -257,6 +258,8 @@ def test_malformed_scores_and_targets_fail_with_one_line(
         first["scores"][1] = {"nan score": float("nan"), "inf score": float("inf")}.get(case)
     elif case == "ragged layers":
         first["scores"] = [first["scores"], first["scores"][:-1]]
+    elif case == "more layers":  # in a batch of its own: scored without a word, before
+        first["scores"] = [first["scores"], first["scores"]]
     elif case == "duplicate id":
         records.append(dict(first))
     elif case.startswith("eraser"):
@@ -269,7 +272,8 @@ def test_malformed_scores_and_targets_fail_with_one_line(
         records = _eraser(attributed, soft)
     else:
         records = []
-    err = _one_line_error(run_cli, tiny_bert, _write_jsonl(tmp_path / "bad.jsonl", records))
+    path = _write_jsonl(tmp_path / "bad.jsonl", records)
+    err = _one_line_error(run_cli, tiny_bert, path, "--batch-size", "1")
     assert expected in err
     if case not in ("empty file", "ragged layers") and not case.startswith("eraser"):
         assert repr(first["id"]) in err or "line 1" in err  # names the example

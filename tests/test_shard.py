@@ -186,6 +186,8 @@ def test_merge_refuses_what_is_not_one_run(runs, run_cli, tmp_path):
     assert "positions (provenance.dataset.positions) do not cover" in refused(first, moved)
     thirds = edited(second, tmp_path, "thirds.json", lambda d: d["config"].update(shard="2/3"))
     assert "shards of different counts: 1/2, 2/3" in refused(first, thirds)
+    no_ids = edited(second, tmp_path, "no_ids.json", lambda d: d.pop("example_ids"))
+    assert "part 2 has no example_ids" in refused(first, no_ids)  # an IndexError before
     assert "does not exist" in refused(first, tmp_path / "missing.json")
     not_result = tmp_path / "other.json"
     not_result.write_text('{"schema": "something else"}')

@@ -84,6 +84,11 @@ def _check_mergeable(parts: Sequence[Result]) -> None:
         _same(parts, "data (dataset fingerprint)", lambda r: r.provenance["dataset"]["fingerprint"])
     seen: dict[str, int] = {}
     for index, part in enumerate(parts):
+        if not part.example_ids:  # optional in the schema, but the rows are matched by them
+            raise UsageError(
+                f"cannot merge: part {index + 1} has no example_ids, which merge needs to join "
+                "and order its per-example scores"
+            )
         for example in part.example_ids:
             if example in seen:
                 raise UsageError(

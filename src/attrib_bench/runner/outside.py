@@ -300,6 +300,7 @@ class FileAttributor:
         its target a class of the model, before any pass: one line naming the first missing or
         mismatching example."""
         classes = prepared.loaded.class_count
+        shape: tuple[int, int | None] | None = None  # (aggregated rows, local rows) of the first
         for batch in prepared.batches:
             for row, example in enumerate(batch.examples):
                 key = example.text if self.method.by_text else example.id
@@ -315,7 +316,15 @@ class FileAttributor:
                         f"{self.name}: example {example.id!r} has target {found.target}, but "
                         f"the model has {classes} classes"
                     )
-                self.rows[example.id] = self._fitted(found, batch, row, example)
+                fitted = self.rows[example.id] = self._fitted(found, batch, row, example)
+                local = None if fitted.local_LN is None else len(fitted.local_LN)
+                shape = shape or (len(fitted.aggregated_LN), local)
+                if (len(fitted.aggregated_LN), local) != shape:
+                    raise UsageError(
+                        f"{self.name}: example {example.id!r} holds {len(fitted.aggregated_LN)} "
+                        f"aggregated and {local or 'no'} local rows, the first example "
+                        f"{shape[0]} and {shape[1] or 'no'}: every example needs the same layers"
+                    )
 
     def _fitted(self, rows: Rows, batch: Batch, row: int, example: Example) -> Rows:
         tokens = batch.tokens[row]
@@ -349,14 +358,11 @@ class FileAttributor:
         B, N = batch.input_ids_BN.shape
         found = [self.rows[e.id] for e in batch.examples]
         kinds = {}
-        for kind in ("aggregated_LN", "local_LN"):
+        for kind in ("aggregated_LN", "local_LN"):  # shapes alike over examples: ``check``
             matrices = [getattr(rows, kind) for rows in found]
-            if any(m is None for m in matrices):
+            if matrices[0] is None:
                 continue
-            layers = {m.shape[0] for m in matrices}
-            if len(layers) > 1:
-                raise UsageError(f"{self.name}: examples hold different numbers of rows")
-            out_BLN = torch.zeros(B, layers.pop(), N)
+            out_BLN = torch.zeros(B, len(matrices[0]), N)
             for b, matrix in enumerate(matrices):
                 out_BLN[b, :, : matrix.shape[1]] = torch.from_numpy(matrix)
             kinds[kind] = out_BLN.to(batch.input_ids_BN.device)
