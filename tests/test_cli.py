@@ -484,7 +484,7 @@ def test_attribute_writes_one_record_per_example_and_method(tiny_bert, run_cli, 
     )
     layers = num_layers(tiny_bert)
     for record in records:
-        assert set(record) == {"id", "tokens", "method", "aggregated", "local", "target"}
+        assert set(record) == {"id", "tokens", "method", "aggregated", "local", "target", "seed"}
         tokens = record["tokens"]
         assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]" and "[PAD]" not in tokens
         assert all(len(row) == len(tokens) for row in record["aggregated"])

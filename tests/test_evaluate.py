@@ -236,6 +236,8 @@ def _eraser(attributed: Path, soft) -> list[dict]:
         ("ragged layers", "rows of unequal length"),
         ("more layers", "holds 2 aggregated and no local rows, the first example 1 and no"),
         ("duplicate id", "appears twice"),
+        ("huge number", "scores are not numbers"),
+        ("eraser rationales", "rationales must be a list of objects"),
         ("eraser strings", "scores are not numbers"),
         ("eraser ragged", "scores are not numbers"),
         ("eraser scalar", "scores must be a list of numbers"),
@@ -253,9 +255,13 @@ def test_malformed_scores_and_targets_fail_with_one_line(
     if case.startswith("target"):
         records = [{**r, "target": 0} for r in records]
         records[0]["target"] = {"target -1": -1, "target true": True, "target 2": 2}[case]
+    elif case == "huge number":  # an integer no float holds
+        first["scores"] = [10**400, *first["scores"][1:]]
     elif case.endswith(" score"):
         first["scores"] = list(first["scores"])
         first["scores"][1] = {"nan score": float("nan"), "inf score": float("inf")}.get(case)
+    elif case == "eraser rationales":
+        records = [{**r, "rationales": ["x"]} for r in _eraser(attributed, [1.0])]
     elif case == "ragged layers":
         first["scores"] = [first["scores"], first["scores"][:-1]]
     elif case == "more layers":  # in a batch of its own: scored without a word, before
@@ -321,3 +327,98 @@ def test_the_run_target_of_an_attribute_file_is_scored(tiny_bert, run_cli, tmp_p
         "score=predicted",
     )  # fmt: skip
     assert code == 2 and "explains target position=first,score=gold" in err, err
+
+
+def test_an_evaluator_that_re_runs_the_method_fails_on_file_scores(
+    tiny_bert, attributed, run_cli, tmp_path
+):
+    """``sanity`` re-runs the method on a randomised model: the file's rows again would score
+    a perfect 1.0 (exit 0, before). It fails with its reason, the others still score."""
+    code, _, err = run_cli(
+        "evaluate", "--model", tiny_bert, *DATA, "--attributions", attributed,
+        "--method", "saliency", "--evaluators", "sanity,comprehensiveness",
+        "--output", tmp_path / "ev.json",
+    )  # fmt: skip
+    assert code == 3, err
+    assert "re-runs the method" in err
+    document = json.loads((tmp_path / "ev.json").read_text())
+    assert document["evaluators"]["sanity"]["status"] == "failed"
+    assert "comprehensiveness" in document["methods"]["mine"]["per_example"]
+
+
+def test_records_of_different_runs_are_refused(tiny_bert, run_cli, tmp_path):
+    """Two ``attribute`` files at different targets (or seeds), concatenated: one evaluation
+    scores one target, so line 1's would be applied to all (exit 0, before)."""
+    lines = []
+    for target in ("score=gold", "score=predicted"):
+        path = tmp_path / f"{target}.jsonl"
+        code, _, err = run_cli(
+            "attribute", "--model", tiny_bert, *DATA, "--attributors", "saliency",
+            "--target", target, "--output", path,
+        )  # fmt: skip
+        assert code == 0, err
+        lines += path.read_text().splitlines(keepends=True)[:2]
+    both = tmp_path / "both.jsonl"
+    both.write_text("".join(lines))
+    assert "holds records of different runs" in _one_line_error(run_cli, tiny_bert, both)
+
+
+def test_a_method_that_failed_midway_is_dropped_and_the_run_is_partial(
+    tiny_bert, attributed, run_cli, tmp_path
+):
+    """A method that failed after some batches left rows and an error line: it is not scored
+    (it made evaluate stop with 'no attributions', before), the others are, exit 3."""
+    partial = [{**r, "method": "lime"} for r in _records(attributed) if r["method"] == "saliency"][
+        :2
+    ]
+    error = {"method": "lime", "error": "RuntimeError: out of memory"}
+    path = _write_jsonl(tmp_path / "midway.jsonl", [*_records(attributed), *partial, error])
+    out = tmp_path / "ev.json"
+    code, _, err = run_cli(
+        "evaluate", "--model", tiny_bert, *DATA, "--attributions", path, "--output", out
+    )
+    assert code == 3, err
+    document = json.loads(out.read_text())
+    assert set(document["methods"]) == {"midway/saliency", "midway/rollout"}
+    assert document["provenance"]["attributions"]["failed"] == {"lime": error["error"]}
+
+
+def test_the_seed_of_an_attribute_file_is_adopted(tiny_bert, run_cli, tmp_path):
+    """soft-comprehensiveness samples masks from the seed: evaluate without --seed scores as
+    the run with the file's seed did (it used seed 0, before); another --seed is refused."""
+    seeded = ("--seed", "3", "--attributors", "saliency")
+    path = tmp_path / "seeded.jsonl"
+    assert run_cli("attribute", "--model", tiny_bert, *DATA, *seeded, "--output", path)[0] == 0
+    evaluators = ("--evaluators", "soft-comprehensiveness")
+    run_json = tmp_path / "run.json"
+    code, _, err = run_cli(
+        "run", "--model", tiny_bert, *DATA, *seeded, *evaluators, "--no-floor", "--no-cache",
+        "--output", run_json,
+    )  # fmt: skip
+    assert code == 0, err
+    ran = json.loads(run_json.read_text())["methods"]["saliency"]["per_example"]
+    scored = _evaluate(run_cli, tiny_bert, path, tmp_path / "ev.json", *evaluators)
+    assert scored["methods"]["seeded"]["per_example"] == ran
+    code, _, err = run_cli(
+        "evaluate", "--model", tiny_bert, *DATA, "--attributions", path, "--seed", "0"
+    )
+    assert code == 2 and "was written with --seed 3" in err, err
+
+
+@pytest.mark.parametrize("command", ["run", "attribute", "evaluate"])
+def test_bad_seeds_and_outputs_are_one_line_before_the_work(
+    tiny_bert, attributed, run_cli, tmp_path, command
+):
+    """A negative or huge seed failed after the whole run (exit 4), as did an output that is a
+    directory or cannot be written."""
+    given = ("--attributions", attributed) if command == "evaluate" else ()
+    base = (command, "--model", tiny_bert, *DATA, *given)
+    for seed in ("-1", str(10**20)):
+        code, _, err = run_cli(*base, "--seed", seed, "--output", tmp_path / "x.json")
+        assert code == 2 and "--seed must be a whole number" in err, err
+    code, _, err = run_cli(*base, "--output", tmp_path)
+    assert code == 2 and "is a directory" in err, err
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, _, err = run_cli(*base, "--output", blocker / "x.json")
+    assert code == 2 and "cannot make the folder" in err, err

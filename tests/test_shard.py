@@ -320,3 +320,40 @@ def test_shards_of_different_batch_sizes_are_refused(tiny_bert, run_cli, tmp_pat
     code, _, err = run_cli("merge", *parts, "--output", tmp_path / "all.json")
     assert code == 2 and "batch_size" in err and err.strip().count("\n") == 0, err
     assert not (tmp_path / "all.json").exists()
+
+
+def test_a_merge_with_a_failed_method_exits_3_as_the_run_would(runs, run_cli, tmp_path):
+    """A method that failed in one shard failed in the whole: exit 3, as a full run that
+    failed would (merge said 0, before)."""
+
+    def fail(document: dict) -> None:
+        method = next(iter(document["methods"].values()))
+        method.update(status="failed", error="RuntimeError: out of memory")
+
+    broken = edited(runs["second"], tmp_path, "broken.json", fail)
+    out = tmp_path / "all.json"
+    code, _, err = run_cli("merge", runs["first"], broken, "--output", out)
+    assert code == 3, err
+    code, _, err = run_cli("merge", runs["first"], runs["second"], "--output", out)
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+@pytest.mark.parametrize("command", ["attribute", "evaluate"])
+def test_attribute_and_evaluate_refuse_a_launcher(
+    tiny_bert, run_cli, tmp_path, monkeypatch, rank, command
+):
+    """Under torchrun every process would run the whole job and write one file: refused,
+    rank 0 alone saying why (each ran it all, before)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+    args = (command, "--model", tiny_bert, "--limit", "2", "--output", tmp_path / "x")
+    if command == "evaluate":
+        args += ("--attributions", tmp_path / "x")
+    if rank == "0":
+        code, _, err = run_cli(*args)
+        assert code == 2 and "runs in one process" in err, err
+    else:
+        with pytest.raises(SystemExit) as exited:
+            run_cli(*args)
+        assert exited.value.code == 2

@@ -90,7 +90,13 @@ def evaluate(
     except TypeError as error:
         raise UsageError(f"evaluate: {error}") from None
     document = evaluate_file(
-        Path(attributions), config, method=method, name=name, reduce=reduce, quiet=quiet
+        Path(attributions),
+        config,
+        method=method,
+        name=name,
+        reduce=reduce,
+        quiet=quiet,
+        keep_seed="seed" in settings,
     )
     if output is not None:
         write_json(document, Path(output))

@@ -449,11 +449,13 @@ def _run_config(args: argparse.Namespace):
 def _run(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.api import run_plan
     from attrib_bench.reports.leaderboard import leaderboard, models_table
-    from attrib_bench.results import exit_status
+    from attrib_bench.results import check_writable, exit_status
     from attrib_bench.runner.cache import hits_line
     from attrib_bench.runner.config import plan_run
 
     plan = plan_run(args)
+    if plan.output:
+        check_writable(plan.output)
     document = run_plan(plan, quiet=args.quiet)
     if document is None:  # not rank 0 of a launched run: rank 0 prints and writes
         return ExitCode.OK
@@ -493,8 +495,9 @@ def _check(args: argparse.Namespace, out: Console) -> int:
 
 
 def _merge(args: argparse.Namespace, out: Console) -> int:
-    from attrib_bench.results import Result, merge
+    from attrib_bench.results import Result, check_writable, exit_status, merge
 
+    check_writable(args.output)
     merged = merge([Result.load(path) for path in args.parts])
     merged.save(args.output)
     out.print(
@@ -502,7 +505,8 @@ def _merge(args: argparse.Namespace, out: Console) -> int:
         highlight=False,
         soft_wrap=True,
     )
-    return ExitCode.OK
+    # As the run those parts make up: a method or evaluator failed in a part failed in it.
+    return ExitCode.OK if exit_status(merged.to_document()) else ExitCode.PARTIAL
 
 
 def _report(args: argparse.Namespace, out: Console) -> int:
@@ -542,8 +546,13 @@ def _cache(args: argparse.Namespace, out: Console) -> int:
 
 
 def _attribute(args: argparse.Namespace, out: Console) -> int:
+    from attrib_bench.results import check_writable
     from attrib_bench.runner.attribute import write_attributions
+    from attrib_bench.runner.distributed import launched, refuse
 
+    if launched():  # every process would write the whole file
+        refuse("attribute runs in one process; split it over machines with --shard i/N")
+    check_writable(args.output)
     complete = write_attributions(_run_config(args), args.output, quiet=args.quiet)
     stderr.print(f"attributions written to {args.output}")
     return ExitCode.OK if complete else ExitCode.PARTIAL
@@ -554,9 +563,14 @@ def _evaluate(args: argparse.Namespace, out: Console) -> int:
 
     from attrib_bench.api import evaluate
     from attrib_bench.reports.leaderboard import leaderboard
-    from attrib_bench.results import exit_status
+    from attrib_bench.results import check_writable, exit_status
+    from attrib_bench.runner.distributed import launched, refuse
     from attrib_bench.runner.engine import RunConfig
 
+    if launched():  # every process would score the whole file
+        refuse("evaluate runs in one process, not under torchrun or accelerate launch")
+    if args.output:
+        check_writable(args.output)
     keys = {f.name for f in fields(RunConfig)}  # the flags given, as RunConfig takes them
     given = {key: value for key, value in vars(args).items() if value is not None}
     settings = {key: value for key, value in given.items() if key in keys}
@@ -578,7 +592,8 @@ def _evaluate(args: argparse.Namespace, out: Console) -> int:
             out.print(f"[red]evaluator {name} failed:[/] {escape(str(evaluator['error']))}")
     if args.output:
         stderr.print(f"results written to {args.output}")
-    return ExitCode.OK if exit_status(document) else ExitCode.PARTIAL
+    failed = document["provenance"]["attributions"].get("failed")  # when the file was written
+    return ExitCode.OK if exit_status(document) and not failed else ExitCode.PARTIAL
 
 
 def _seed_list(value: str) -> list[int]:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         SCHEMA_PATH,
         SCHEMA_VERSION,
         build_result,
+        check_writable,
         exit_status,
         write_json,
     )
@@ -28,13 +29,21 @@ __all__ = [
     "MethodResult",
     "Result",
     "build_result",
+    "check_writable",
     "exit_status",
     "merge",
     "write_json",
 ]
 
 #: Names this package re-exports from attrib_bench.results.document.
-_DOCUMENT = ("SCHEMA_PATH", "SCHEMA_VERSION", "build_result", "exit_status", "write_json")
+_DOCUMENT = (
+    "SCHEMA_PATH",
+    "SCHEMA_VERSION",
+    "build_result",
+    "check_writable",
+    "exit_status",
+    "write_json",
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from attrib_bench.core.errors import UsageError
 from attrib_bench.core.interfaces import KINDS
 from attrib_bench.results.paired import paired_section
 from attrib_bench.results.stats import summarize_by_answer, summarize_corpus, summarize_layers
@@ -257,6 +258,21 @@ def _clean(value: Any) -> Any:
     if isinstance(value, list):
         return [_clean(v) for v in value]
     return value
+
+
+def check_writable(path: Path) -> None:
+    """One line before the work, not a traceback after it: an output that is a directory, or
+    whose folder cannot be made or written to."""
+    if path.is_dir():
+        raise UsageError(f"output {str(path)!r} is a directory; give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(
+            f"cannot make the folder of output {str(path)!r}: {error.strerror}"
+        ) from None
+    if not os.access(path.parent, os.W_OK):
+        raise UsageError(f"cannot write output {str(path)!r}: its folder is not writable")
 
 
 def write_json(document: dict[str, Any], path: Path) -> None:

@@ -27,7 +27,8 @@ def write_attributions(config: RunConfig, output: Path, quiet: bool = False) -> 
 
     ``aggregated``: a list over layers of target-row scores over all real tokens, special tokens
     included (one entry for whole-model methods); ``local``: the single-layer rows, or null;
-    ``target``: the run's attribution target (``--target``, resolved), which ``evaluate`` adopts.
+    ``target``: the run's attribution target (``--target``, resolved) and ``seed``: the run's
+    seed, which ``evaluate`` adopts.
     """
     torch.manual_seed(config.seed)
     prepared = prepare(config, quiet)
@@ -64,6 +65,7 @@ def _write(
                         "aggregated": attribution.example_rows("aggregated", row, length),
                         "local": attribution.example_rows("local", row, length),
                         "target": target,
+                        "seed": seed,
                     }
                     line = (json.dumps(record) + "\n").encode()
                     spans.setdefault(example.id, []).append((spool.tell(), len(line)))

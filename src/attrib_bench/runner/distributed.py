@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from attrib_bench.core.errors import UsageError
+from attrib_bench.core.errors import ExitCode, UsageError
 
 if TYPE_CHECKING:
     from attrib_bench.runner.config import RunPlan
@@ -32,6 +32,14 @@ WORLD_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
 def launched() -> bool:
     """Whether a launcher started this process as one of several."""
     return any(int(os.environ.get(name, "1")) > 1 for name in WORLD_VARIABLES)
+
+
+def refuse(message: str) -> NoReturn:
+    """A usage error every process of a launched job finds alike, said once: rank 0 raises it
+    (one line), the others exit 2 quietly."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        raise UsageError(message)
+    raise SystemExit(int(ExitCode.USAGE_ERROR))
 
 
 def _state(device: str) -> tuple[Any, str]:
@@ -58,9 +66,9 @@ def run_sharded(plan: RunPlan, quiet: bool) -> dict[str, Any] | None:
     from attrib_bench.runner.models import run_config
 
     if plan.config.shard is not None:
-        raise UsageError("--shard picks a shard by hand; under a launcher every process has one")
+        refuse("--shard picks a shard by hand; under a launcher every process has one")
     if plan.config.models:
-        raise UsageError("a run over several models (--models) runs in one process")
+        refuse("a run over several models (--models) runs in one process")
     state, device = _state(plan.config.device)
     main = state.is_main_process
     with state.main_process_first():  # one fine-tune, the others read it from the cache

@@ -83,6 +83,13 @@ class RunConfig:
     #: runs on independent machines that ``attrib-bench merge`` joins; None: every example.
     shard: str | None = None
 
+    def __post_init__(self) -> None:
+        # What numpy's and torch's generators both take; a negative seed failed in the
+        # statistics after the whole run, a huge one in torch.manual_seed.
+        seed = self.seed
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+            raise UsageError(f"--seed must be a whole number from 0 to 2**64 - 1, got {seed!r}")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

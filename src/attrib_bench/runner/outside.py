@@ -64,6 +64,8 @@ class FileMethod:
     #: The registry spec the rows came from (``attribute`` files), whose explained target the
     #: removal evaluators then score.
     spec: str | None = None
+    #: Why the method failed when the file was written (``attribute`` files): not scored.
+    error: str | None = None
 
 
 def _lines(path: Path) -> list[dict]:
@@ -117,7 +119,7 @@ def _matrix(values: Any, where: str, rows: bool = True) -> np.ndarray:
     """Scores as rows (L, N): a flat list is one row (the only shape ``rows=False`` takes)."""
     try:
         array = np.asarray(values, dtype=np.float32)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise UsageError(f"{where}: scores are not numbers (or rows of unequal length)") from None
     if array.ndim == 1:
         array = array[None, :]
@@ -151,8 +153,8 @@ def _read_attribute(path: Path, method: str | None) -> dict[str, FileMethod]:
             tokens=record["tokens"],
         )
         _add(methods.setdefault(spec, FileMethod(spec=spec)), record["id"], rows, f"{path}: {spec}")
-    for spec, error in failed.items():
-        console.warn(f"{spec} failed when the file was written and is not scored: {error}")
+    for spec, error in failed.items():  # its rows of the batches before it failed dropped
+        methods[spec] = FileMethod(spec=spec, error=error)
     if method is not None:
         wanted = str(Spec.parse(method))
         if wanted in failed:
@@ -160,18 +162,25 @@ def _read_attribute(path: Path, method: str | None) -> dict[str, FileMethod]:
         if wanted not in methods:
             raise unknown_choice(f"method in {path}", wanted, methods)
         return {wanted: methods[wanted]}
-    if not methods:
+    if all(m.error is not None for m in methods.values()):
         raise UsageError(f"{path}: no method has attributions (all failed)")
     return methods
 
 
-def _attribute_target(path: Path) -> str | None:
-    """The run target an ``attribute`` file was written for (its first record's; None for a
-    file written before records carried it)."""
-    with path.open() as handle:
-        line = next(line for line in handle if line.strip())
-    target = json.loads(line).get("target")
-    return None if target is None else str(target)
+def _written_with(path: Path) -> tuple[str | None, int | None]:
+    """The run target and seed an ``attribute`` file was written with (None for a file written
+    before records carried them); records of different runs (say, shards at two targets
+    concatenated) are refused, since one evaluation scores one target."""
+    found = {
+        (record.get("target"), record.get("seed"))
+        for record in _lines(path)
+        if "error" not in record
+    }
+    if len(found) > 1:
+        shown = "; ".join(f"target {t}, seed {s}" for t, s in sorted(found, key=str))
+        raise UsageError(f"{path} holds records of different runs ({shown}): evaluate each alone")
+    target, seed = found.pop() if found else (None, None)
+    return (None if target is None else str(target)), seed
 
 
 def _read_generic(path: Path) -> FileMethod:
@@ -210,7 +219,8 @@ def _read_captum(path: Path, reduce: str, examples: list[Example]) -> FileMethod
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        raise UsageError(f"{path}: not a readable torch.save file ({error})") from None
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError(f"{path}: not a readable torch.save file ({first})") from None
     if isinstance(loaded, (list, tuple)):
         if len(loaded) != len(examples):
             raise UsageError(
@@ -243,7 +253,13 @@ def _read_captum(path: Path, reduce: str, examples: list[Example]) -> FileMethod
 def _read_eraser(path: Path) -> FileMethod:
     method = FileMethod()
     for record in _lines(path):
-        soft = [r for r in record["rationales"] if r.get("soft_rationale_predictions") is not None]
+        rationales = record["rationales"]
+        if not isinstance(rationales, list) or not all(isinstance(r, dict) for r in rationales):
+            raise UsageError(
+                f"{path}: annotation {record['annotation_id']!r}: rationales must be a list of "
+                "objects"
+            )
+        soft = [r for r in rationales if r.get("soft_rationale_predictions") is not None]
         if not soft:
             raise UsageError(
                 f"{path}: annotation {record['annotation_id']!r} has no soft_rationale_predictions"
@@ -294,6 +310,9 @@ class FileAttributor:
         #: The registry method behind an ``attribute`` file's rows (its explained target).
         self.own = own
         self.rows: dict[str, Rows] = {}
+        #: Examples whose rows were served: a second request is an evaluator re-running the
+        #: method (``sanity``'s randomised model, ``classes=all``), which a file cannot do.
+        self.served: set[str] = set()
 
     def check(self, prepared: Prepared) -> None:
         """Every example's rows, found and checked against its tokens, its scores finite and
@@ -355,6 +374,14 @@ class FileAttributor:
 
     def attribute(self, trace: Trace) -> Attribution:
         batch = trace.batch
+        ids = {e.id for e in batch.examples}
+        if ids & self.served:
+            raise UsageError(
+                f"{self.name}: an evaluator re-runs the method (on a randomised model, or for "
+                "each class), which scores read from a file cannot do: leave that evaluator "
+                "out, or score the method with attrib-bench run"
+            )
+        self.served |= ids
         B, N = batch.input_ids_BN.shape
         found = [self.rows[e.id] for e in batch.examples]
         kinds = {}
@@ -427,8 +454,12 @@ def evaluate(
     name: str | None = None,
     reduce: str = "l2",
     quiet: bool = False,
+    keep_seed: bool = False,
 ) -> dict[str, Any]:
     """Score a file's attributions on ``config``'s model and data; the result document.
+
+    An ``attribute`` file's target and seed are adopted where ``config.target`` is None and
+    ``keep_seed`` is False (no ``--seed`` given), and refused where they differ.
 
     ``config.attributors`` is ignored; ``config.evaluators`` None scores DEFAULT_EVALUATORS.
     The reference runs only when a selected evaluator reads it (it may name a file method).
@@ -436,13 +467,21 @@ def evaluate(
     """
     path = Path(attributions)
     if not path.is_file():
-        raise UsageError(f"attributions file {str(path)!r} does not exist")
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise UsageError(f"attributions file {str(path)!r} {what}")
     if reduce not in REDUCTIONS:
         raise unknown_choice("--reduce", reduce, REDUCTIONS)
     fmt = detect_format(path)
-    written = _attribute_target(path) if fmt == "attribute" else None
+    written, seed = _written_with(path) if fmt == "attribute" else (None, None)
     if written is not None and config.target is None:
         config = dataclasses.replace(config, target=written)
+    if seed is not None and not keep_seed:
+        config = dataclasses.replace(config, seed=seed)
+    elif seed is not None and seed != config.seed:
+        raise UsageError(
+            f"{path} was written with --seed {seed}, but --seed gives {config.seed}: leave "
+            "--seed out to score with the file's"
+        )
     reference = config.reference
     evaluators = list(config.evaluators or DEFAULT_EVALUATORS)
     base = dataclasses.replace(
@@ -456,6 +495,10 @@ def evaluate(
         )
     registry = prepared.registry
     methods = read_file(path, fmt, prepared.data.examples, method, reduce)
+    failed = {spec: m.error for spec, m in methods.items() if m.error is not None}
+    for spec, error in failed.items():
+        console.warn(f"{spec} failed when the file was written and is not scored: {error}")
+    methods = {spec: m for spec, m in methods.items() if m.error is None}
     names = _method_names(path, methods, name)
     attributors = [
         FileAttributor(n, m, path, own=_own_method(registry, m.spec))
@@ -477,5 +520,6 @@ def evaluate(
         "sha256": sha256(path),
         "methods": dict(zip(names, [m.spec for m in methods.values()], strict=True)),
         **({"reduce": reduce} if fmt == "captum" else {}),
+        **({"failed": failed} if failed else {}),
     }
     return document
