@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import examples, full_trace, randomize_norms_and_biases
-from test_conformance import builtin_names
+from test_conformance import FEWER_SAMPLES, builtin_names
 from test_position_ids import model_position_ids
 
 from attrib_bench.core.registry import load_registry
@@ -193,23 +193,11 @@ def kit_family(loaded, monkeypatch) -> str:
     return model_type
 
 
-#: The sampling methods with fewer samples, and Integrated Gradients with fewer steps: what the
-#: kit checks per family (positions, baselines, batch independence) does not depend on the
-#: count, and the defaults cost 40 s over 7 families, IG's 50 passes of a batch 30 s more
-#: (tests/test_conformance.py runs them with their defaults).
-FEWER_SAMPLES = {
-    "integrated-gradients": "integrated-gradients:steps=8",
-    "shapley-value-sampling": "shapley-value-sampling:samples=3",
-    "kernel-shap": "kernel-shap:samples=24",
-    "lime": "lime:samples=24",
-}
-
-
 def test_every_builtin_attributor_conforms(kit_family):
     """The kit's checks (the runner's own, determinism, each example alone as in a padded
     batch) for every built-in attributor, on this family's tiny model. BERT and RoBERTa are
-    the kit's own families, on which tests/test_conformance.py checks every built-in at its
-    defaults already (30 s more here)."""
+    the kit's own families, on which tests/test_conformance.py checks every built-in already
+    (30 s more here)."""
     if kit_family in conformance.FAMILIES:
         pytest.skip("checked by tests/test_conformance.py on the kit's own model")
     registry = load_registry()
