@@ -66,6 +66,9 @@ class FileMethod:
     spec: str | None = None
     #: Why the method failed when the file was written (``attribute`` files): not scored.
     error: str | None = None
+    #: The run target and seed an ``attribute`` file was written with (None for a file written
+    #: before records carried them), which ``evaluate`` adopts.
+    written: tuple[str | None, int | None] = (None, None)
 
 
 def _lines(path: Path) -> list[dict]:
@@ -140,10 +143,17 @@ def _add(method: FileMethod, key: Any, rows: Rows, where: str) -> None:
 def _read_attribute(path: Path, method: str | None) -> dict[str, FileMethod]:
     methods: dict[str, FileMethod] = {}
     failed: dict[str, str] = {}
+    runs: set[tuple[Any, Any]] = set()
     for record in _lines(path):
         if "error" in record:
             failed[record["method"]] = record["error"]
             continue
+        runs.add((record.get("target"), record.get("seed")))
+        if len(runs) > 1:  # say, shards at two targets concatenated: one evaluation, one target
+            shown = "; ".join(f"target {t}, seed {s}" for t, s in sorted(runs, key=str))
+            raise UsageError(
+                f"{path} holds records of different runs ({shown}): evaluate each alone"
+            )
         spec = record["method"]
         where = f"{path}: example {record['id']!r} of {spec}"
         local = record.get("local")
@@ -155,6 +165,9 @@ def _read_attribute(path: Path, method: str | None) -> dict[str, FileMethod]:
         _add(methods.setdefault(spec, FileMethod(spec=spec)), record["id"], rows, f"{path}: {spec}")
     for spec, error in failed.items():  # its rows of the batches before it failed dropped
         methods[spec] = FileMethod(spec=spec, error=error)
+    target, seed = runs.pop() if runs else (None, None)
+    for file_method in methods.values():
+        file_method.written = (None if target is None else str(target)), seed
     if method is not None:
         wanted = str(Spec.parse(method))
         if wanted in failed:
@@ -165,22 +178,6 @@ def _read_attribute(path: Path, method: str | None) -> dict[str, FileMethod]:
     if all(m.error is not None for m in methods.values()):
         raise UsageError(f"{path}: no method has attributions (all failed)")
     return methods
-
-
-def _written_with(path: Path) -> tuple[str | None, int | None]:
-    """The run target and seed an ``attribute`` file was written with (None for a file written
-    before records carried them); records of different runs (say, shards at two targets
-    concatenated) are refused, since one evaluation scores one target."""
-    found = {
-        (record.get("target"), record.get("seed"))
-        for record in _lines(path)
-        if "error" not in record
-    }
-    if len(found) > 1:
-        shown = "; ".join(f"target {t}, seed {s}" for t, s in sorted(found, key=str))
-        raise UsageError(f"{path} holds records of different runs ({shown}): evaluate each alone")
-    target, seed = found.pop() if found else (None, None)
-    return (None if target is None else str(target)), seed
 
 
 def _read_generic(path: Path) -> FileMethod:
@@ -472,7 +469,9 @@ def evaluate(
     if reduce not in REDUCTIONS:
         raise unknown_choice("--reduce", reduce, REDUCTIONS)
     fmt = detect_format(path)
-    written, seed = _written_with(path) if fmt == "attribute" else (None, None)
+    # An attribute file needs no data to read: read first, for the run it records.
+    methods = read_file(path, fmt, [], method, reduce) if fmt == "attribute" else None
+    written, seed = next(iter(methods.values())).written if methods else (None, None)
     if written is not None and config.target is None:
         config = dataclasses.replace(config, target=written)
     if seed is not None and not keep_seed:
@@ -494,7 +493,8 @@ def evaluate(
             "--target out to score the file's"
         )
     registry = prepared.registry
-    methods = read_file(path, fmt, prepared.data.examples, method, reduce)
+    if methods is None:
+        methods = read_file(path, fmt, prepared.data.examples, method, reduce)
     failed = {spec: m.error for spec, m in methods.items() if m.error is not None}
     for spec, error in failed.items():
         console.warn(f"{spec} failed when the file was written and is not scored: {error}")
