@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 import attrib_bench
-from attrib_bench import Attribution, Configurable, Trace, UsageError
+from attrib_bench import Attribution, Configurable, Trace
 from attrib_bench.toolkit.aggregation import layerwise_attribution, normalize_rows, pair_mask
 from attrib_bench.toolkit.norm_decomposition import NEEDS, REQUIRES, layer_inputs
 
@@ -169,7 +169,7 @@ class Alti(Configurable):
 
     def validate(self) -> None:
         if self.params["chunk_elements"] < 1:
-            raise UsageError(f"{self.name}:chunk_elements must be at least 1, got {self.params}")
+            raise self.out_of_range("chunk_elements", "at least 1")
 
     def attribute(self, trace: Trace) -> Attribution:
         matrices = alti_matrices(

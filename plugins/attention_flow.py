@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 import attrib_bench
-from attrib_bench import Attribution, Configurable, Trace, UsageError
+from attrib_bench import Attribution, Configurable, Trace
 from attrib_bench.toolkit.aggregation import fixed_residual
 from attrib_bench.toolkit.attention_family import head_mean_attention
 
@@ -74,9 +74,7 @@ class AttentionFlow(Configurable):
 
     def validate(self) -> None:
         if not 0.0 <= self.params["residual"] < 1.0:
-            raise UsageError(
-                f"attention-flow:residual must be in [0, 1), got {self.params['residual']}"
-            )
+            raise self.out_of_range("residual", "in [0, 1)")
 
     def attribute(self, trace: Trace) -> Attribution:
         mask_BN = trace.mask_BN

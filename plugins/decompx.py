@@ -54,7 +54,7 @@ import torch
 from torch import nn
 
 import attrib_bench
-from attrib_bench import Attribution, Configurable, Trace, TraceField, UsageError
+from attrib_bench import Attribution, Configurable, Trace, TraceField
 
 if TYPE_CHECKING:
     from attrib_bench.model.architectures import EncoderAdapter, LayerNormParams, LayerParams
@@ -331,7 +331,7 @@ class DecompX(Configurable):
 
     def validate(self) -> None:
         if self.params["chunk_elements"] < 1:
-            raise UsageError(f"{self.name}:chunk_elements must be at least 1, got {self.params}")
+            raise self.out_of_range("chunk_elements", "at least 1")
 
     @property
     def target_positions(self) -> tuple[str, ...]:

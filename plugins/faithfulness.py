@@ -113,9 +113,9 @@ class Erasure(Configurable, ABC):
     def validate(self) -> None:
         parse_ratios(self.params["ratios"])
         if self.params["layer"] == 0 or self.params["layer"] < -1:
-            raise UsageError(f"{self.name}:layer must be -1 (last) or a layer number >= 1")
+            raise self.out_of_range("layer", "-1 (last) or a layer number >= 1")
         if self.params["chunk_tokens"] < 1:
-            raise UsageError(f"{self.name}:chunk_tokens must be >= 1")
+            raise self.out_of_range("chunk_tokens", ">= 1")
 
     def rationales(
         self, attribution: Attribution, context: EvalContext

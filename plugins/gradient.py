@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 import attrib_bench
-from attrib_bench import Attribution, Batch, Configurable, Trace, UsageError
+from attrib_bench import Attribution, Batch, Configurable, Trace
 from attrib_bench.core.target import target_score
 from attrib_bench.toolkit.captum_inputs import (
     example_arguments,
@@ -225,12 +225,9 @@ class IntegratedGradients(_EmbeddingGradient):
 
     def validate(self) -> None:
         if self.params["steps"] < 1:
-            raise UsageError(f"integrated-gradients:steps must be >= 1, got {self.params}")
+            raise self.out_of_range("steps", ">= 1")
         if self.params["internal_batch_size"] < 0:
-            raise UsageError(
-                "integrated-gradients:internal_batch_size must be >= 0 (0: the batch size), "
-                f"got {self.params['internal_batch_size']}"
-            )
+            raise self.out_of_range("internal_batch_size", ">= 0 (0: the batch size)")
 
     def per_dimension(
         self, trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None
@@ -321,10 +318,11 @@ class GradientShap(_EmbeddingGradient):
     }
 
     def validate(self) -> None:
-        if self.params["samples"] < 1 or self.params["baselines"] < 1:
-            raise UsageError(f"gradient-shap: samples and baselines must be >= 1: {self.params}")
+        for key in ("samples", "baselines"):
+            if self.params[key] < 1:
+                raise self.out_of_range(key, ">= 1")
         if self.params["stdevs"] < 0:
-            raise UsageError(f"gradient-shap:stdevs must be >= 0, got {self.params['stdevs']}")
+            raise self.out_of_range("stdevs", ">= 0")
 
     def per_dimension(
         self, trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None

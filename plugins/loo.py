@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 import attrib_bench
-from attrib_bench import Attribution, Configurable, EvalContext, Trace, UsageError
+from attrib_bench import Attribution, Configurable, EvalContext, Trace
 from attrib_bench.core.interfaces import scored_classes
 from attrib_bench.toolkit.erasure import (
     REMOVALS,
@@ -107,9 +107,9 @@ class LooTau(Configurable):
 
     def validate(self) -> None:
         if self.params["layer"] == 0 or self.params["layer"] < -1:
-            raise UsageError(f"{self.name}:layer must be -1 (last) or a layer number >= 1")
+            raise self.out_of_range("layer", "-1 (last) or a layer number >= 1")
         if self.params["chunk_tokens"] < 1:
-            raise UsageError(f"{self.name}:chunk_tokens must be >= 1")
+            raise self.out_of_range("chunk_tokens", ">= 1")
 
     def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
         trace = context.trace

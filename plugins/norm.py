@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 import attrib_bench
-from attrib_bench import Attribution, Configurable, Trace, UsageError
+from attrib_bench import Attribution, Configurable, Trace
 from attrib_bench.toolkit.aggregation import fixed_residual, layerwise_attribution, normalize_rows
 from attrib_bench.toolkit.attention_family import head_mean_attention
 from attrib_bench.toolkit.norm_decomposition import NEEDS, REQUIRES, norm_family
@@ -61,7 +61,7 @@ class NormFixedResidual(Configurable):
 
     def validate(self) -> None:
         if not 0.0 <= self.params["residual"] < 1.0:
-            raise UsageError(f"{self.name}:residual must be in [0, 1), got {self.params}")
+            raise self.out_of_range("residual", "in [0, 1)")
 
     def attribute(self, trace: Trace) -> Attribution:
         ratio = self.params["residual"]

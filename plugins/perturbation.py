@@ -51,7 +51,7 @@ class _TokenPerturbation(Configurable, ABC):
 
     def validate(self) -> None:
         if self.params["perturbations_per_eval"] < 1:
-            raise UsageError(f"{self.name}:perturbations_per_eval must be >= 1")
+            raise self.out_of_range("perturbations_per_eval", ">= 1")
 
     @abstractmethod
     def explain(self, forward: Any, content_1M: torch.Tensor, baseline: int, target: Any) -> Any:

@@ -116,7 +116,7 @@ class Plausibility(Configurable, ABC):
 
     def validate(self) -> None:
         if self.params["layer"] == 0 or self.params["layer"] < -1:
-            raise UsageError(f"{self.name}:layer must be -1 (last) or a layer number >= 1")
+            raise self.out_of_range("layer", "-1 (last) or a layer number >= 1")
 
     @abstractmethod
     def metric(self, truth: np.ndarray, scores: np.ndarray) -> float:
@@ -160,7 +160,7 @@ class TokenF1(Plausibility):
     def validate(self) -> None:
         super().validate()
         if not 0.0 <= self.params["k_ratio"] <= 1.0:
-            raise UsageError(f"{self.name}:k_ratio must be in [0, 1] (0: the rationale size)")
+            raise self.out_of_range("k_ratio", "in [0, 1] (0: the rationale size)")
 
     def predicted(self, truth: np.ndarray, scores: np.ndarray) -> np.ndarray:
         ratio = self.params["k_ratio"]

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 import attrib_bench
-from attrib_bench import Attribution, Configurable, EvalContext, UsageError
+from attrib_bench import Attribution, Configurable, EvalContext
 from attrib_bench.model.trace import trace_batch
 from attrib_bench.results.stats import spearman_rows
 from attrib_bench.toolkit.ranking import scored_row
@@ -89,9 +89,9 @@ class ModelRandomization(Configurable):
 
     def validate(self) -> None:
         if self.params["steps"] == 0 or self.params["steps"] < -1:
-            raise UsageError(f"{self.name}:steps must be -1 (head and every layer) or >= 1")
+            raise self.out_of_range("steps", "-1 (head and every layer) or >= 1")
         if self.params["layer"] == 0 or self.params["layer"] < -1:
-            raise UsageError(f"{self.name}:layer must be -1 (last) or a layer number >= 1")
+            raise self.out_of_range("layer", "-1 (last) or a layer number >= 1")
 
     def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
         if context.attributor is None:

@@ -42,8 +42,7 @@ class SeedInvariance(Configurable):
 
     def validate(self) -> None:
         if self.params["k"] < 1:
-            k = self.params["k"]
-            raise attrib_bench.UsageError(f"seed-invariance:k must be at least 1, got {k}")
+            raise self.out_of_range("k", "at least 1")
 
     @property
     def needs_floor(self) -> bool:

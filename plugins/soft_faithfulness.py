@@ -174,11 +174,11 @@ class SoftErasure(Configurable, ABC):
 
     def validate(self) -> None:
         if self.params["layer"] == 0 or self.params["layer"] < -1:
-            raise UsageError(f"{self.name}:layer must be -1 (last) or a layer number >= 1")
+            raise self.out_of_range("layer", "-1 (last) or a layer number >= 1")
         if self.params["samples"] < 1:
-            raise UsageError(f"{self.name}:samples must be >= 1")
+            raise self.out_of_range("samples", ">= 1")
         if self.params["chunk_tokens"] < 1:
-            raise UsageError(f"{self.name}:chunk_tokens must be >= 1")
+            raise self.out_of_range("chunk_tokens", ">= 1")
 
     def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
         trace = context.trace

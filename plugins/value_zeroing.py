@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 import attrib_bench
-from attrib_bench import Attribution, Configurable, Trace, UsageError
+from attrib_bench import Attribution, Configurable, Trace
 from attrib_bench.toolkit.aggregation import layerwise_attribution, normalize_rows
 
 
@@ -108,7 +108,7 @@ class ValueZeroing(Configurable):
 
     def validate(self) -> None:
         if self.params["chunk_size"] < 1:
-            raise UsageError(f"{self.name}:chunk_size must be at least 1, got {self.params}")
+            raise self.out_of_range("chunk_size", "at least 1")
 
     def attribute(self, trace: Trace) -> Attribution:
         adapter = trace.adapter

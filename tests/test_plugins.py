@@ -455,6 +455,34 @@ def test_bad_parameters_are_usage_errors(spec, needles, run_cli):
     assert_one_line_error(code, out, err, *needles)
 
 
+def test_range_errors_name_only_the_offending_value():
+    """Every built-in's range error says ``name:key must be ..., got VALUE``: the value alone,
+    never the whole parameter table (which buried the number the user got wrong)."""
+    from attrib_bench.core.configurable import Configurable, parse_value
+    from attrib_bench.core.errors import UsageError
+    from attrib_bench.core.registry import load_registry
+
+    registry = load_registry()
+    refused = []
+    for table in (registry.attributors, registry.evaluators):
+        for name, registered in table.items():
+            if not isinstance(registered.obj, Configurable):
+                continue
+            for key, default in registered.obj.parameters.items():
+                if isinstance(default, bool) or not isinstance(default, int | float):
+                    continue
+                for raw in ("-4", "0", "1.5" if isinstance(default, float) else "-1"):
+                    try:
+                        registered.obj.configure({key: raw})
+                    except UsageError as error:
+                        value = parse_value(raw, default)
+                        refused.append(str(error))
+                        assert str(error).startswith(f"{name}:{key} must be "), str(error)
+                        assert str(error).endswith(f", got {value!r}"), str(error)
+    assert any(m.startswith("integrated-gradients:steps must be") for m in refused), refused
+    assert "integrated-gradients:steps must be >= 1, got -4" in refused
+
+
 def test_parameters_for_a_plugin_without_configure(run_cli, tmp_path):
     plugin = write_module(tmp_path / "plain.py", POSITION_DECAY.format(name="plain"))
     code, out, err = run_cli("run", "--plugin", plugin, "--attributors", "plain:x=1", "--quiet")

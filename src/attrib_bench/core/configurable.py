@@ -66,3 +66,11 @@ class Configurable:
 
     def validate(self) -> None:
         """Check parameter ranges; raise UsageError. Override where ranges matter."""
+
+    def out_of_range(self, key: str, requirement: str) -> UsageError:
+        """The error for ``key`` outside its range, for ``validate`` to raise.
+
+        It names the offending value alone: the whole parameter table buries the one number the
+        user got wrong.
+        """
+        return UsageError(f"{self.name}:{key} must be {requirement}, got {self.params[key]!r}")

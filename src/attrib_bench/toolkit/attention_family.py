@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from attrib_bench.core.configurable import Configurable
-from attrib_bench.core.errors import UsageError
 from attrib_bench.core.interfaces import Attribution
 from attrib_bench.toolkit.aggregation import fixed_residual, layerwise_attribution
 
@@ -40,7 +39,7 @@ class AttentionFamily(Configurable, ABC):
 
     def validate(self) -> None:
         if not 0.0 <= self.params["residual"] < 1.0:
-            raise UsageError(f"{self.name}:residual must be in [0, 1), got {self.params}")
+            raise self.out_of_range("residual", "in [0, 1)")
 
     @abstractmethod
     def layer_matrices(self, trace: Trace) -> list[torch.Tensor]:
