@@ -405,9 +405,9 @@ def _list(args: argparse.Namespace, out: Console) -> int:
             caption="default run: no = runs only when selected by name (costly)",
             caption_justify="left",
         )
-        for column in ("name", "description", "parameters (defaults)", "default run"):
-            table.add_column(column)
-        table.add_column("plugin", no_wrap=True)
+        # Fold what does not fit (a long default): a cut cell would hide the value.
+        for column in ("name", "description", "parameters (defaults)", "default run", "plugin"):
+            table.add_column(column, overflow="fold")
         for row in rows:
             table.add_row(
                 row["name"],
@@ -425,9 +425,8 @@ def _list(args: argparse.Namespace, out: Console) -> int:
         caption="attributors: those whose needs the family offers",
         caption_justify="left",
     )
-    for column in ("model types", "capabilities", "attributors"):
-        table.add_column(column)
-    table.add_column("plugin", no_wrap=True)
+    for column in ("model types", "capabilities", "attributors", "plugin"):
+        table.add_column(column, overflow="fold")
     for family in architectures:
         table.add_row(
             ", ".join(family["model_types"]),
