@@ -7,6 +7,7 @@ what was computed and what came from the cache.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import examples, one_batch
 
@@ -133,6 +135,66 @@ def test_adding_a_method_computes_only_that_method(tiny_bert, run_cli, tmp_path,
         second["methods"]["counted-too"]["per_example"]
         == fresh["methods"]["counted-too"]["per_example"]
     )
+
+
+def test_reuse_is_per_method_and_example(tiny_bert, run_cli, tmp_path, cache_on):
+    """Two methods on 5 examples, then three on 12: the third runs on 12, the first two on 7.
+
+    Examples are batched by the methods they still miss, so an example cached for some methods
+    is traced only for the others, and a method's rows do not depend on which others ran.
+    """
+    small, _ = run(run_cli, tmp_path, tiny_bert, "counted,attention", "--limit", "5", name="5.json")
+    cache_on.unlink()
+    large, err = run(
+        run_cli, tmp_path, tiny_bert, "counted,attention,counted-too", "--limit", "12",
+        name="12.json",
+    )  # fmt: skip
+    old, ids = small["example_ids"], large["example_ids"]
+    new = [i for i in ids if i not in old]
+    assert len(old) == 5 and len(new) == 7
+    assert sorted(computed(cache_on)) == sorted(
+        [("counted-too", i) for i in ids] + [("counted", i) for i in new]
+    )
+    assert large["cache"]["hits"] == {"counted": 5, "attention": 5, "counted-too": 0,
+                                      "saliency": 5, "random": 5}  # fmt: skip
+    assert "examples reused per method: counted 5, attention 5, saliency 5, random 5" in err
+    fresh, _ = run(
+        run_cli, tmp_path, tiny_bert, "counted,attention,counted-too", "--limit", "12",
+        "--no-cache", name="fresh.json",
+    )  # fmt: skip
+    for spec in ("counted", "counted-too"):  # exact: their rows do not depend on the batch
+        assert large["methods"][spec]["per_example"] == fresh["methods"][spec]["per_example"]
+    for spec in ("attention", "saliency"):  # other batches: equal up to the last float bits
+        for name, kinds in fresh["methods"][spec]["per_example"].items():
+            for kind, layers in kinds.items():
+                got = large["methods"][spec]["per_example"][name][kind]
+                np.testing.assert_allclose(np.array(got, float), np.array(layers, float), atol=1e-6)
+
+
+def test_a_full_cache_disk_warns_once_and_the_run_finishes(
+    tiny_bert, run_cli, tmp_path, cache_on, monkeypatch
+):
+    """The cache is optional: a write failing (here the disk is full after 3 entries) warns
+    once, stops caching, and the run writes its result, equal to an uncached one."""
+    from attrib_bench.runner import cache
+
+    written = []
+
+    def fill_up(path: Path, text: str) -> None:
+        if len(written) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        written.append(path)
+        atomic_write(path, text)
+
+    monkeypatch.setattr(cache, "atomic_write", fill_up)
+    full, err = run(run_cli, tmp_path, tiny_bert, "counted", "--batch-size", "1", name="f.json")
+    assert err.count("cache: cannot write to") == 1
+    assert "No space left on device" in err and "--no-cache" in err
+    assert "No space left on device" in full["cache"]["write_error"]
+    assert len(written) == 3
+    monkeypatch.undo()
+    fresh, _ = run(run_cli, tmp_path, tiny_bert, "counted", "--no-cache", name="fresh.json")
+    assert full["methods"]["counted"]["per_example"] == fresh["methods"]["counted"]["per_example"]
 
 
 def test_unselected_reference_is_a_cached_row(tiny_bert, run_cli, tmp_path, cache_on):

@@ -49,6 +49,14 @@ class BatchPlan(Sequence[Batch]):
         """How many of the plan's examples are longer than ``max_length`` (cut to it)."""
         return sum(length > self.max_length for length in self.lengths)
 
+    def padded_tokens(self) -> list[int]:
+        """Each batch's tokens as padded (examples x its longest, cut to ``max_length``): what a
+        pass over it costs, roughly, so a run's progress estimates the time left by them."""
+        return [
+            len(group) * min(max(self.lengths[i] for i in group), self.max_length)
+            for group in self.groups
+        ]
+
     def __len__(self) -> int:
         return len(self.groups)
 
@@ -79,10 +87,27 @@ def plan_batches(
 ) -> BatchPlan:
     """The examples in batches of ``batch_size`` sorted by length, longest first (ties keep
     the examples' order); nothing is padded until a batch is read."""
+    return plan_grouped_batches([examples], tokenizer, batch_size, max_length)
+
+
+def plan_grouped_batches(
+    groups: Sequence[Sequence[Example]],
+    tokenizer: PreTrainedTokenizerBase,
+    batch_size: int,
+    max_length: int,
+) -> BatchPlan:
+    """:func:`plan_batches` of each group in turn, as one plan: no batch mixes two groups (the
+    cache batches examples by the methods they still miss)."""
+    examples = [example for group in groups for example in group]
     lengths = [len(ids) for ids in _encode(tokenizer, examples)["input_ids"]] if examples else []
-    order = sorted(range(len(examples)), key=lambda i: -lengths[i])
-    groups = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-    return BatchPlan(examples, groups, lengths, tokenizer, max_length)
+    batches: list[list[int]] = []
+    start = 0
+    for group in groups:
+        members = range(start, start + len(group))
+        order = sorted(members, key=lambda i: -lengths[i])
+        batches += [order[at : at + batch_size] for at in range(0, len(order), batch_size)]
+        start += len(group)
+    return BatchPlan(examples, batches, lengths, tokenizer, max_length)
 
 
 def make_batches(

@@ -266,6 +266,9 @@ class ResultCache:
     hits: dict[str, int] = field(default_factory=dict)
     _entries: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     _seconds_seen: dict[str, float] = field(default_factory=dict)
+    _missing: dict[str, frozenset[str]] = field(default_factory=dict)
+    #: Why writing stopped (the first failed write), or None while the cache is writable.
+    write_error: str | None = None
 
     def __post_init__(self) -> None:
         registry = self.prepared.registry
@@ -277,6 +280,7 @@ class ResultCache:
             self._identities[method.spec] = identity
             self.method_keys[method.spec] = digest(identity)
             self.hits[method.spec] = 0
+        self._all = frozenset(self.method_keys)
         for name, evaluator in self.evaluators.items():
             source = registry.evaluators[Spec.parse(name).name].source
             needs = getattr(evaluator, "needs_reference", False)
@@ -322,42 +326,41 @@ class ResultCache:
             self.example_keys[example.id] = key
         return keys
 
-    def restore_complete(self, batches: Sequence[Batch]) -> set[str]:
-        """Fill in every example that every method has complete on disk; return their ids.
+    def restore_complete(self, batches: Sequence[Batch]) -> dict[str, frozenset[str]]:
+        """Fill in every (method, example) complete on disk; return, per example, the methods
+        still to compute for it (empty: the example needs no forward pass at all).
 
-        Called once before batching the work: those examples need no forward pass at all, so a
-        run over a superset of an earlier run's examples reuses them whatever the batching.
+        Called once before batching the work, so reuse is per (method, example) whatever the
+        batching: the caller batches the examples by what they still miss.
         """
-        restored: set[str] = set()
+        missing: dict[str, frozenset[str]] = {}
         for batch in batches:
             for example, key in zip(batch.examples, self._index(batch), strict=True):
-                entries = [self._complete(m.spec, key) for m in self.methods]
-                if any(entry is None for entry in entries):
-                    continue
-                for method, entry in zip(self.methods, entries, strict=True):
-                    self._fill(method, example.id, entry)
-                restored.add(example.id)
+                todo = set()
+                for method in self.methods:
+                    entry = self._complete(method.spec, key)
+                    if entry is None:
+                        todo.add(method.spec)
+                    else:
+                        self._fill(method, example.id, entry)
+                missing[example.id] = frozenset(todo)
             self._entries = {}
-        return restored
+        self._missing |= missing
+        return missing
 
     def restore(self, batch: Batch) -> set[str]:
-        """Load the batch's entries; fill in methods cached for every example and evaluator.
+        """Load the batch's entries (a reference's rows, older scores to keep); return the
+        specs not to run on it: those :meth:`restore_complete` filled in for all its examples.
 
-        Returns the specs not to run on this batch. Called before the batch is traced.
+        Called before the batch is traced.
         """
         self._entries = {}
         keys = self._index(batch)
-        done: set[str] = set()
+        todo = set().union(*(self._missing.get(e.id, self._all) for e in batch.examples))
         for method in self.methods:
-            if method.error is not None:
-                continue
-            entries = [self._complete(method.spec, key) for key in keys]
-            if any(entry is None for entry in entries):
-                continue
-            for example, entry in zip(batch.examples, entries, strict=True):
-                self._fill(method, example.id, entry)
-            done.add(method.spec)
-        return done
+            for key in keys:
+                self._load(method.spec, key)
+        return {m.spec for m in self.methods if m.spec not in todo}
 
     def _load(self, spec: str, key: str) -> dict[str, Any] | None:
         entry = read_entry(self._path(spec, key))
@@ -390,8 +393,23 @@ class ResultCache:
     def save(self, batch: Batch, results: Mapping[str, Attribution]) -> None:
         """Write an entry per example for every method computed on this batch.
 
-        Scores of evaluators already cached in an older entry for this example are kept.
+        Scores of evaluators already cached in an older entry for this example are kept. The
+        cache is optional: a write that fails (a full disk, no permission) warns once and turns
+        writing off for the rest of the run, which goes on and writes its result.
         """
+        if self.write_error is not None:
+            return
+        try:
+            self._save(batch, results)
+        except OSError as error:
+            self.write_error = f"{type(error).__name__}: {error}"
+            console.warn(
+                f"cache: cannot write to {results_root()} ({self.write_error}); caching is off "
+                "for the rest of this run, its results are unaffected (free space, set "
+                "ATTRIB_BENCH_CACHE to another folder, or run with --no-cache)"
+            )
+
+    def _save(self, batch: Batch, results: Mapping[str, Attribution]) -> None:
         states = {m.spec: m for m in self.methods}
         for spec, attribution in results.items():
             method = states[spec]
@@ -429,7 +447,7 @@ class ResultCache:
 
     def describe(self) -> dict[str, Any]:
         """The ``cache`` section of the result: where entries are and how to find them."""
-        return {
+        section = {
             "dir": str(results_root()),
             "methods": {m.spec: self.method_keys[m.spec] for m in self.methods},
             "reference": self.method_keys.get(self.reference),
@@ -437,6 +455,9 @@ class ResultCache:
             "examples": dict(self.example_keys),
             "hits": {m.spec: self.hits[m.spec] for m in self.methods},
         }
+        if self.write_error is not None:
+            section["write_error"] = self.write_error
+        return section
 
 
 def cached_rows(document: Mapping[str, Any], spec: str, example_id: str) -> dict[str, Any] | None:

@@ -22,12 +22,18 @@ from attrib_bench.core.interfaces import (
     Attribution,
     Batch,
     EvalContext,
+    Example,
     compares_models,
     position_problem,
 )
 from attrib_bench.core.registry import Registry, Spec, load_registry
 from attrib_bench.core.target import DEFAULT_TARGET, NEXT_TOKEN_TARGET, Target, target_score
-from attrib_bench.data.batches import BatchPlan, contentless_ids, plan_batches
+from attrib_bench.data.batches import (
+    BatchPlan,
+    contentless_ids,
+    plan_batches,
+    plan_grouped_batches,
+)
 from attrib_bench.data.load import LoadedData, load_examples
 from attrib_bench.data.next_token import token_pairs
 from attrib_bench.data.rationales import rationale_word_counts
@@ -379,7 +385,9 @@ def attribution_stream(
     methods whose results for the batch are known already (the cache, which fills them in):
     they do not run, and a batch with nothing left to run is not traced at all. Every
     attribution is checked against its batch (``Attribution.problem``) before it is yielded.
-    The progress bar counts (example, method) pairs, so it moves within a batch too.
+    The progress bar counts (example, method) pairs, so it moves within a batch too; its time
+    left weighs each pair by its batch's padded tokens (longest batches come first), and pairs
+    skipped, as cached or failed, as free.
     """
     for method in methods:  # one the model family cannot serve fails before any batch is traced
         problem = prepared.loaded.unmet_needs(method.attributor) or position_problem(
@@ -389,12 +397,14 @@ def attribution_stream(
             method.fail(problem)
     fields = prepared.registry.trace_field_specs()  # what a plugin's `requires` may add
     examples = len(prepared.batches.examples)
+    tokens = prepared.batches.padded_tokens()
     with console.progress(disable=quiet) as bar:
-        task = bar.add_task(description, total=examples * len(methods))
-        for batch in prepared.batches:
+        task = bar.add_task(description, examples * len(methods), sum(tokens) * len(methods))
+        for batch, batch_tokens in zip(prepared.batches, tokens, strict=True):
             known = skip(batch) if skip is not None else set()
             todo = [m for m in methods if m.spec not in known and m.error is None]
-            bar.advance(task, len(batch.examples) * (len(methods) - len(todo)))
+            skipped = len(methods) - len(todo)
+            bar.advance(task, len(batch.examples) * skipped, work=batch_tokens * skipped, free=True)
             if not todo:
                 continue
             requires = set().union(*(m.attributor.requires for m in todo))
@@ -408,7 +418,7 @@ def attribution_stream(
             results: dict[str, Attribution] = {}
             for method in todo:
                 _attribute(method, trace, trace_seconds, traced.megabytes, results)
-                bar.advance(task, len(batch.examples))
+                bar.advance(task, len(batch.examples), work=batch_tokens)
             trace.release_graph()
             yield trace, results
 
@@ -587,9 +597,9 @@ def run_benchmark(config: RunConfig, quiet: bool = False, cache: bool = True) ->
 
     One model: a run over several (``config.models``) is attrib_bench.runner.models'. With
     ``cache`` (and no ``ATTRIB_BENCH_NO_CACHE=1``), per-example results found on disk are
-    reused and new ones written after each batch (attrib_bench.runner.cache). Examples every method
-    has cached are not batched at all; the rest are re-batched, so a larger ``--limit`` reuses
-    the examples a smaller one computed.
+    reused and new ones written after each batch (attrib_bench.runner.cache). Reuse is per
+    (method, example): examples every method has cached are not batched at all, and the rest
+    are re-batched by the methods they miss, so a batch runs only those.
     """
     return run_single(config, quiet, cache).document()
 
@@ -640,11 +650,9 @@ def run_single(
     batches = prepared.batches
     if result_cache.enabled(cache):
         store = result_cache.ResultCache(prepared, methods, evaluators, reference_spec, config.seed)
-        restored = _restore_complete(store, prepared.batches, tally, methods, keep_rows)
-        if restored:
-            remaining = [e for e in prepared.data.examples if e.id not in restored]
-            tokenizer = prepared.loaded.tokenizer
-            batches = plan_batches(remaining, tokenizer, config.batch_size, prepared.max_length)
+        missing = _restore_complete(store, prepared.batches, tally, methods, keep_rows)
+        if any(len(todo) < len(methods) for todo in missing.values()):
+            batches = _plan_by_missing(prepared, missing, config.batch_size)
     stream = dataclasses.replace(prepared, batches=batches)
     skip = store.restore if store is not None else None
     traced_right: dict[str, bool] = {}
@@ -709,14 +717,29 @@ def _restore_complete(
     tally: AgreementTally | None,
     methods: Sequence[MethodState],
     keep: bool,
-) -> set[str]:
-    """Fill in the examples every method has complete in the cache, batch by batch (so the
-    tally frees each one's rows, and no batch outlives its turn); their ids."""
-    restored: set[str] = set()
+) -> dict[str, frozenset[str]]:
+    """Fill in every (method, example) complete in the cache, batch by batch (so the tally
+    frees each complete example's rows, and no batch outlives its turn); per example id, the
+    methods it still misses."""
+    missing: dict[str, frozenset[str]] = {}
     for batch in plan:
-        restored |= store.restore_complete([batch])
+        missing |= store.restore_complete([batch])
         _tally_rows(tally, methods, batch, keep)
-    return restored
+    return missing
+
+
+def _plan_by_missing(
+    prepared: Prepared, missing: Mapping[str, frozenset[str]], batch_size: int
+) -> BatchPlan:
+    """Batches of the examples that miss something, each of examples missing the same methods
+    (so a batch runs only what its examples lack); groups in order of first appearance."""
+    groups: dict[frozenset[str], list[Example]] = {}
+    for example in prepared.data.examples:
+        todo = missing.get(example.id)
+        if todo:
+            groups.setdefault(todo, []).append(example)
+    tokenizer = prepared.loaded.tokenizer
+    return plan_grouped_batches(list(groups.values()), tokenizer, batch_size, prepared.max_length)
 
 
 def _tally_rows(
