@@ -91,6 +91,10 @@ def test_spec_round_trips_and_the_resolved_default_is_the_first_token_and_predic
         ("score=contrastive,class=foil", "class='foil'"),
         ("score=contrastive,foil=x", "class index, runner-up or example"),
         ("score=contrastive,foil=-1", "class index"),
+        ("position=first,position=last", "position= given twice"),
+        ("score=contrastive,foil=1,foil=2", "foil= given twice"),
+        ("", "empty target"),
+        (" , ", "empty target"),
     ],
 )
 def test_bad_specs_are_usage_errors(spec, needle):
@@ -380,7 +384,7 @@ def test_contrastive_integrated_gradients_equal_captum_on_the_wrapped_forward(be
         )
     direct = IntegratedGradients(contrast).attribute(start, baselines=baseline, n_steps=4)
     # internal batches of two steps: the classes and foils must follow each step's rows
-    params = {"steps": "4", "internal_batch_size": str(2 * len(batch.examples))}
+    params = {"steps": "4", "chunk_tokens": str(2 * batch.input_ids_BN.shape[1])}
     ours = OurIG().configure(params).attribute(trace).aggregated_BLN[:, 0]
     mask = trace.mask_BN.bool()
     torch.testing.assert_close(ours[mask], direct.norm(dim=-1)[mask], rtol=1e-4, atol=1e-6)
@@ -564,6 +568,8 @@ def test_each_examples_own_foil_end_to_end(tiny_bert, monkeypatch):
         ("score=gold,class=gold", "class= needs score=contrastive"),
         ("score=contrastive,foil=example", "foil=example needs a foil for every example"),
         ("score=contrastive,class=gold,foil=1", "foil equals the gold class for"),
+        ("position=first,position=last", "position= given twice"),
+        ("", "empty target ''; leave it out for the default"),
     ],
 )
 def test_a_bad_target_exits_2_with_one_line(run_cli, tiny_bert, spec, needle):

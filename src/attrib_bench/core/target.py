@@ -86,12 +86,23 @@ class Target:
 
     @classmethod
     def parse(cls, text: str) -> Target:
-        """``"position=last,score=gold"`` -> Target; a bad spec is a one-line UsageError."""
+        """``"position=last,score=gold"`` -> Target; a bad spec is a one-line UsageError.
+
+        An empty spec and a repeated key are refused rather than read as the default and as
+        the last value: either is more likely a slip than the run the user meant.
+        """
         values: dict[str, str] = {}
-        for item in filter(None, (part.strip() for part in text.split(","))):
+        items = [part.strip() for part in text.split(",") if part.strip()]
+        if not items:
+            raise UsageError(
+                f"empty target {text!r}; leave it out for the default, or write {SYNTAX}"
+            )
+        for item in items:
             key, eq, value = (part.strip() for part in item.partition("="))
             if not eq or key not in ("position", "score", "class", "foil"):
                 raise UsageError(f"bad target item {item!r} in {text!r}; write {SYNTAX}")
+            if key in values:
+                raise UsageError(f"target {key}= given twice in {text!r}; give each key once")
             values[key] = value
         score = values.get("score", cls.score)
         if score != "contrastive" and ("class" in values or "foil" in values):
