@@ -167,7 +167,7 @@ def test_missing_examples_and_missing_scores_fail_the_gate(scores):
 
     # Scored in the baseline and not at all now (the method still ran): every example undefined.
     now = copy.deepcopy(base)
-    now["methods"]["a"]["per_example"] = {}
+    now["methods"]["a"]["scores"] = now["methods"]["a"]["per_example"] = {}
     (row,) = compare(now, base).regressions
     assert (row.n, row.undefined) == (0, (0.0, 1.0))
 
@@ -179,19 +179,113 @@ def test_failed_removed_added_and_changed_settings_are_reported(scores):
     now["config"]["limit"] = 10
     now["config"]["batch_size"] = 4
     now["provenance"]["model"]["weights_sha256"] = "b" * 64
-    comparison = compare(now, base)
+    comparison = compare(now, base, allow_model_change=True)
     assert comparison.failed == {"b": "RuntimeError: boom"}
     assert comparison.exit_code == ExitCode.REGRESSION  # a method that broke fails the gate
     assert (comparison.removed, comparison.added) == (["gone"], ["new"])
     assert ("limit", N, 10) in comparison.config_changes
     text = gate_markdown(comparison)
     assert "- ❌ `b`: RuntimeError: boom" in text
-    assert "**Removed** (in the baseline, not in the results): `gone`" in text
+    assert "- ❌ `gone`" in text
     assert "**Added** (no baseline yet): `new`" in text
     assert f"- `limit`: `{N}` → `10`" in text
     assert "- `batch_size`: `16` → `4` (does not change the numbers)" in text
     assert "> **the model weights differ (sha256 aaaaaaaaaaaa -> bbbbbbbbbbbb)" in text
     assert "may be meaningless" in text
+
+
+def test_a_method_gone_from_the_results_is_a_regression_unless_removed_on_purpose(scores):
+    """A method dropped from the run (or whose plugin stopped importing) fails the gate."""
+    base = document({"a": list(scores), "gone": list(scores), "ig:steps=2": list(scores)})
+    base["methods"]["broken"] = {**base["methods"]["a"], "status": "failed", "error": "E: x"}
+    now = document({"a": list(scores)})
+    comparison = compare(now, base)
+    assert comparison.exit_code == ExitCode.REGRESSION
+    assert comparison.removed == ["gone", "ig:steps=2", "broken"]
+    # Failed in the baseline: nothing was lost.
+    assert comparison.unallowed_removed == ["gone", "ig:steps=2"]
+    text = gate_markdown(comparison)
+    assert text.startswith("## ❌ attrib-bench check: 2 regression(s)")
+    assert "- ❌ `gone`" in text and "- ❌ `ig:steps=2`" in text and "--allow-removed" in text
+
+    # Allowed by spec or by name (every spec of that method): recorded, and the gate passes.
+    comparison = compare(now, base, allow_removed=["gone", "ig", "a", "nosuch"])
+    assert comparison.passed and comparison.exit_code == ExitCode.OK
+    assert comparison.allowed_removed == {
+        "gone": "--allow-removed",
+        "ig:steps=2": "--allow-removed",
+    }
+    assert comparison.unallowed_removed == []
+    text = gate_markdown(comparison)
+    assert text.startswith("## ✅ attrib-bench check: no regression")
+    assert "**Removed on purpose** (--allow-removed): `gone`, `ig:steps=2`" in text
+    # An allowance that matches no removed method is said, not silently kept.
+    assert "`--allow-removed a`: `a` is in the results" in text
+    assert "`--allow-removed nosuch`: no such method in the baseline" in text
+
+
+def test_a_floor_left_out_with_no_floor_is_removed_on_purpose(scores):
+    base = document({"a": list(scores), "random": list(scores)})
+    base["methods"]["random"]["added_as_floor"] = True
+    now = document({"a": list(scores)})
+    assert compare(now, base).unallowed_removed == ["random"]  # not said: a regression
+    now["config"]["floor"] = False
+    comparison = compare(now, base)
+    assert comparison.passed and comparison.allowed_removed == {"random": "--no-floor"}
+    assert "**Removed on purpose** (--no-floor): `random`" in gate_markdown(comparison)
+
+
+def test_a_different_model_or_reference_is_incomparable_unless_allowed(scores):
+    base = document({"a": list(scores)})
+    other_model = copy.deepcopy(base)
+    other_model["provenance"]["model"]["weights_sha256"] = "b" * 64
+    with pytest.raises(UsageError, match=r"weights differ.*--allow-model-change") as error:
+        compare(other_model, base)
+    assert "\n" not in str(error.value)
+    comparison = compare(other_model, base, allow_model_change=True)
+    assert comparison.passed and comparison.allow_model_change
+    text = gate_markdown(comparison)
+    assert "> [!WARNING]\n> **the model weights differ (sha256 aaaaaaaaaaaa -> bbbbbbbbbbbb" in text
+    assert "allowed by --allow-model-change" in text
+
+    other_reference = copy.deepcopy(base)
+    other_reference["reference"] = "integrated-gradients"
+    with pytest.raises(UsageError, match=r"reference differs.*--allow-reference-change"):
+        compare(other_reference, base)
+    # The other allowance does not cover it.
+    with pytest.raises(UsageError, match="reference differs"):
+        compare(other_reference, base, allow_model_change=True)
+    comparison = compare(other_reference, base, allow_reference_change=True)
+    assert comparison.passed and comparison.allow_reference_change
+    # The baseline's reference, added only as such, leaves with it; a selected method does not.
+    base["methods"]["saliency"] = {**base["methods"]["a"], "added_as_reference": True}
+    base["methods"]["selected"] = base["methods"]["a"]
+    comparison = compare(other_reference, base, allow_reference_change=True)
+    assert comparison.allowed_removed == {"saliency": "--allow-reference-change"}
+    assert comparison.unallowed_removed == ["selected"] and not comparison.passed
+    base = document({"a": list(scores)})
+    text = gate_markdown(comparison)
+    assert (
+        "> [!WARNING]\n> **the reference differs (saliency -> integrated-gradients)" in text
+        and "allowed by --allow-reference-change" in text
+    )
+
+
+def test_a_summary_only_result_is_unusable_input(scores):
+    """Summaries without the per-example scores behind them cannot be paired: exit 2."""
+    base = document({"a": list(scores), "b": list(scores)})
+    stripped = copy.deepcopy(base)
+    for method in stripped["methods"].values():
+        method["per_example"] = {}
+    for current, baseline in ((stripped, base), (base, stripped)):
+        with pytest.raises(UsageError) as error:
+            compare(current, baseline)
+        name = "results" if current is stripped else "baseline"
+        assert str(error.value) == (
+            f"{name!r} holds summaries only (methods['a'].scores['spearman'].aggregated has no "
+            "per-example scores), so no paired comparison is possible; write it with "
+            "attrib-bench run --output"
+        )
 
 
 def test_a_failed_evaluator_fails_the_gate(scores):
@@ -212,7 +306,7 @@ def test_unusable_inputs_are_usage_errors(scores):
     with pytest.raises(UsageError, match="schema_version 2"):
         compare({**base, "schema_version": 2}, base)
     with pytest.raises(UsageError, match="nothing to compare"):
-        compare(document({"other": list(scores)}), base)
+        compare(document({"other": list(scores)}), base, allow_removed=["a"])
     with pytest.raises(UsageError, match="tolerance"):
         compare(base, base, tolerance=-1)
 
@@ -296,6 +390,23 @@ def test_check_exit_codes_and_step_summary(run_cli, tmp_path, scores, monkeypatc
     assert "❌ regression" in out and "tolerance (0.05)" in out
     text = summary.read_text()
     assert text.startswith("earlier step\n## ✅") and "## ❌ attrib-bench check" in text
+
+    # A method gone from the results, allowed by name; a different model, allowed by flag.
+    with_gone = document({"a": list(scores), "gone": list(scores)})
+    gone_base = write(tmp_path / "gone_base.json", with_gone)
+    code, out, _ = run_cli("check", same, "--baseline", gone_base)
+    assert code == 1 and "- ❌ `gone`" in out
+    code, out, err = run_cli("check", same, "--baseline", gone_base, "--allow-removed", "gone")
+    assert code == 0, err
+    assert "**Removed on purpose** (--allow-removed): `gone`" in out
+    other = document({"a": list(scores)})
+    other["provenance"]["model"]["weights_sha256"] = "b" * 64
+    other = write(tmp_path / "other.json", other)
+    code, out, err = run_cli("check", other, "--baseline", base)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "--allow-model-change" in err
+    code, out, err = run_cli("check", other, "--baseline", base, "--allow-model-change")
+    assert code == 0, err
+    assert "allowed by --allow-model-change" in out
 
     (tmp_path / "broken.json").write_text("{not json")
     for bad in (tmp_path / "missing.json", tmp_path / "broken.json"):

@@ -6,7 +6,7 @@ for bad input instead of exiting.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
@@ -118,9 +118,14 @@ def check(
     tolerance: float | None = None,
     all_layers: bool = False,
     seed: int = 0,
+    allow_removed: Collection[str] = (),
+    allow_model_change: bool = False,
+    allow_reference_change: bool = False,
 ) -> Comparison:
     """Compare a result with a baseline (the CI gate): ``.passed``, ``.exit_code``, ``.rows``
-    and ``attrib_bench.reports.gate_markdown`` say what changed."""
+    and ``attrib_bench.reports.gate_markdown`` say what changed. A method gone from the
+    results is a regression unless named in ``allow_removed``; a different model or reference
+    is a UsageError unless allowed."""
     from attrib_bench.testing.gate import DEFAULT_TOLERANCE, compare
 
     return compare(
@@ -129,6 +134,9 @@ def check(
         tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance,
         all_layers=all_layers,
         seed=seed,
+        allow_removed=allow_removed,
+        allow_model_change=allow_model_change,
+        allow_reference_change=allow_reference_change,
     )
 
 

@@ -167,6 +167,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--all-layers", action="store_true", help="every layer and kind, not the last aggregated"
     )
     check.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    check.add_argument(
+        "--allow-removed",
+        type=_csv,
+        action="extend",
+        default=[],
+        metavar="METHOD[,METHOD]",
+        help="methods removed on purpose (a spec, or a name for all its specs): not a regression",
+    )
+    check.add_argument(
+        "--allow-model-change",
+        action="store_true",
+        help="compare results of different model weights (a loud warning, not exit 2)",
+    )
+    check.add_argument(
+        "--allow-reference-change",
+        action="store_true",
+        help="compare results scored against different references (a loud warning, not exit 2)",
+    )
 
     merge = commands.add_parser(
         "merge",
@@ -484,6 +502,9 @@ def _check(args: argparse.Namespace, out: Console) -> int:
         tolerance=args.tolerance,
         all_layers=args.all_layers,
         seed=args.seed,
+        allow_removed=args.allow_removed,
+        allow_model_change=args.allow_model_change,
+        allow_reference_change=args.allow_reference_change,
     )
     text = gate_markdown(comparison, str(args.results), str(args.baseline))
     out.out(text, highlight=False, end="")

@@ -61,7 +61,7 @@ def gate_markdown(
 ) -> str:
     """The gate's verdict as Markdown: what ``check`` prints and CI shows on the run page."""
     regressions = len(comparison.regressions) + len(comparison.failed)
-    regressions += len(comparison.failed_evaluators)
+    regressions += len(comparison.failed_evaluators) + len(comparison.unallowed_removed)
     if comparison.passed:
         title = "## ✅ attrib-bench check: no regression"
     else:
@@ -101,10 +101,17 @@ def gate_markdown(
         lines.append("**Evaluators failed now** (ok in the baseline):")
         lines += [f"- ❌ `{name}`: {e}" for name, e in comparison.failed_evaluators.items()]
         lines.append("")
-    if comparison.removed:
+    if comparison.unallowed_removed:
         lines.append(
-            "**Removed** (in the baseline, not in the results): "
-            + ", ".join(f"`{spec}`" for spec in comparison.removed)
+            "**Removed** (ok in the baseline, not in the results; name a method removed on "
+            "purpose with --allow-removed):"
+        )
+        lines += [f"- ❌ `{spec}`" for spec in comparison.unallowed_removed]
+        lines.append("")
+    for flag in sorted(set(comparison.allowed_removed.values())):
+        specs = [spec for spec, by in comparison.allowed_removed.items() if by == flag]
+        lines.append(
+            f"**Removed on purpose** ({flag}): " + ", ".join(f"`{spec}`" for spec in specs)
         )
         lines.append("")
     if comparison.added:

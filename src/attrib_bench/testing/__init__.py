@@ -60,17 +60,20 @@ def assert_no_regression(
     baseline: Results,
     tolerance: float = DEFAULT_TOLERANCE,
     all_layers: bool = False,
+    **allowances: Any,
 ) -> Comparison:
     """Fail with the check's Markdown summary when any score regressed (attrib_bench.testing.gate).
 
     ``results`` and ``baseline`` are ``Result`` objects, documents or paths (``as_result``).
-    Returns the comparison when the gate passes, for further assertions.
+    ``allowances``: ``compare``'s ``allow_removed``, ``allow_model_change`` and
+    ``allow_reference_change``. Returns the comparison when the gate passes.
     """
     comparison = compare(
         as_result(results),
         as_result(baseline, "baseline"),
         tolerance=tolerance,
         all_layers=all_layers,
+        **allowances,
     )
     if not comparison.passed:
         name = str(baseline) if isinstance(baseline, (str, Path)) else "baseline"

@@ -17,14 +17,22 @@ Left-out examples must not hide a breakage, so a score also regresses when the s
 examples whose score is undefined (NaN) rose by more than the tolerance, when any baseline
 example is missing from the results, and when no example is scored in both (nothing shows it
 did not fall). A method ``ok`` in the baseline that failed now, and an evaluator that failed
-now, are regressions too. Methods or evaluators that disappeared or appeared, changed
-config keys, and a different model or dataset are reported, and do not decide the exit code.
+now, are regressions too, and so is a method ``ok`` in the baseline that is gone from the
+results (dropped from the run, or its plugin stopped importing and the run left it out) unless
+the user removed it on purpose (``allow_removed``: a spec, or a name for all its specs).
+
+A different model (weights sha256) or reference makes the deltas meaningless, so comparing
+them is a usage error unless allowed explicitly (``allow_model_change``,
+``allow_reference_change``); allowed, it is a loud warning. Evaluators that disappeared or
+appeared, methods added, changed config keys and a different dataset are reported and do not
+decide the exit code.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,34 +99,63 @@ class Comparison:
     #: Method spec -> its error, for methods ok in the baseline and failed now.
     failed: dict[str, str] = field(default_factory=dict)
     failed_evaluators: dict[str, str] = field(default_factory=dict)
+    #: Methods in the baseline and not in the results.
     removed: list[str] = field(default_factory=list)
+    #: Those of them the user removed on purpose, and the flag that says so.
+    allowed_removed: dict[str, str] = field(default_factory=dict)
+    #: Those of them failed in the baseline: nothing was lost.
+    removed_failed: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
     #: Notes that do not fail the gate: recovered methods, evaluators added or removed.
     notes: list[str] = field(default_factory=list)
     config_changes: list[tuple[str, Any, Any]] = field(default_factory=list)
     #: Loud warnings: the model or the data differ, so the comparison may be meaningless.
     warnings: list[str] = field(default_factory=list)
+    #: The user allowed a different model or reference (each then one of ``warnings``).
+    allow_model_change: bool = False
+    allow_reference_change: bool = False
 
     @property
     def regressions(self) -> list[Delta]:
         return [row for row in self.rows if row.regression]
 
     @property
+    def unallowed_removed(self) -> list[str]:
+        """Methods ok in the baseline, gone from the results, not removed on purpose."""
+        skip = {*self.allowed_removed, *self.removed_failed}
+        return [spec for spec in self.removed if spec not in skip]
+
+    @property
     def passed(self) -> bool:
-        return not (self.regressions or self.failed or self.failed_evaluators)
+        return not (
+            self.regressions or self.failed or self.failed_evaluators or self.unallowed_removed
+        )
 
     @property
     def exit_code(self) -> ExitCode:
         return ExitCode.OK if self.passed else ExitCode.REGRESSION
 
 
-def _per_example(result: Result, name: str) -> list[str]:
-    if not result.example_ids:
-        raise UsageError(
-            f"{name!r} holds summaries only (no example_ids and per-example scores), so no "
-            "paired comparison is possible; write it with attrib-bench run --output"
+def _per_example(result: Result, name: str) -> None:
+    """Refuse a file without the per-example scores behind its summaries: a run writes both,
+    and a score with no examples would otherwise read as "undefined on every example"."""
+    where = "no example_ids and per-example scores"
+    if result.example_ids:
+        where = next(
+            (
+                f"methods[{spec!r}].scores[{evaluator!r}].{kind} has no per-example scores"
+                for spec, method in result.methods.items()
+                for evaluator, kinds in method.scores.items()
+                for kind in kinds
+                if not method.per_example.get(evaluator, {}).get(kind)
+            ),
+            "",
         )
-    return result.example_ids
+    if where:
+        raise UsageError(
+            f"{name!r} holds summaries only ({where}), so no paired comparison is possible; "
+            "write it with attrib-bench run --output"
+        )
 
 
 def paired_bootstrap(
@@ -206,17 +243,26 @@ def _compare_layers(
     return rows
 
 
-def _provenance_warnings(current: Result, baseline: Result) -> list[str]:
+def _provenance_warnings(
+    current: Result, baseline: Result, allow_model_change: bool, allow_reference_change: bool
+) -> list[str]:
+    """The loud warnings; a different model or reference not allowed is a UsageError."""
     warnings = []
     model_now = current.provenance.get("model", {})
     model_before = baseline.provenance.get("model", {})
     if model_now.get("weights_sha256") != model_before.get("weights_sha256"):
-        warnings.append(
+        change = (
             "the model weights differ (sha256 "
             f"{str(model_before.get('weights_sha256'))[:12]} -> "
             f"{str(model_now.get('weights_sha256'))[:12]}): the two results score different "
             "models, so these deltas may be meaningless"
         )
+        if not allow_model_change:
+            raise UsageError(
+                f"{change}; pass --allow-model-change (allow_model_change=True) to compare "
+                "them anyway"
+            )
+        warnings.append(f"{change} (allowed by --allow-model-change)")
     data_now = current.provenance.get("dataset", {})
     data_before = baseline.provenance.get("dataset", {})
     if data_now.get("fingerprint") != data_before.get("fingerprint"):
@@ -227,8 +273,53 @@ def _provenance_warnings(current: Result, baseline: Result) -> list[str]:
             "compared"
         )
     if current.reference != baseline.reference:
-        warnings.append(f"the reference changed ({baseline.reference} -> {current.reference})")
+        change = (
+            f"the reference differs ({baseline.reference} -> {current.reference}): the "
+            "evaluators that compare with it score against another method"
+        )
+        if not allow_reference_change:
+            raise UsageError(
+                f"{change}; pass --allow-reference-change (allow_reference_change=True) to "
+                "compare them anyway"
+            )
+        warnings.append(f"{change} (allowed by --allow-reference-change)")
     return warnings
+
+
+def _removed(
+    comparison: Comparison, current: Result, baseline: Result, allow_removed: Collection[str]
+) -> None:
+    """Sort the methods gone from the results: removed on purpose, failed before, or lost.
+
+    Methods the baseline only added (never selected) leave on purpose with the setting that
+    added them: its reference with an allowed reference change, its floor (``random``) when
+    the results were run with ``--no-floor``.
+    """
+    comparison.removed = [spec for spec in baseline.methods if spec not in current.methods]
+    comparison.removed_failed = [
+        spec for spec in comparison.removed if baseline.methods[spec].status != "ok"
+    ]
+    old_reference = comparison.allow_reference_change and current.reference != baseline.reference
+    for spec in comparison.removed:
+        if spec in comparison.removed_failed:
+            continue
+        if spec in allow_removed or spec.partition(":")[0] in allow_removed:
+            comparison.allowed_removed[spec] = "--allow-removed"
+        elif old_reference and baseline.methods[spec].added_as_reference:
+            comparison.allowed_removed[spec] = "--allow-reference-change"
+        elif baseline.methods[spec].added_as_floor and current.config.get("floor") is False:
+            comparison.allowed_removed[spec] = "--no-floor"
+    for allowed in allow_removed:
+        if any(allowed in (spec, spec.partition(":")[0]) for spec in comparison.removed):
+            continue
+        if any(allowed in (spec, spec.partition(":")[0]) for spec in current.methods):
+            comparison.notes.append(f"`--allow-removed {allowed}`: `{allowed}` is in the results")
+        else:
+            comparison.notes.append(f"`--allow-removed {allowed}`: no such method in the baseline")
+    comparison.notes += [
+        f"`{spec}` failed in the baseline and is not in the results"
+        for spec in comparison.removed_failed
+    ]
 
 
 def _higher_is_better(current: Result, baseline: Result, evaluator: str) -> bool:
@@ -246,16 +337,26 @@ def compare(
     tolerance: float = DEFAULT_TOLERANCE,
     all_layers: bool = False,
     seed: int = 0,
+    allow_removed: Collection[str] = (),
+    allow_model_change: bool = False,
+    allow_reference_change: bool = False,
 ) -> Comparison:
     """Compare two results (``Result``, validated document or path, see ``as_result``);
-    UsageError when they cannot be compared at all."""
+    UsageError when they cannot be compared at all. ``allow_removed``: specs, or names for
+    all their specs, removed on purpose (not a regression when gone from the results)."""
     if tolerance < 0 or math.isnan(tolerance):
         raise UsageError(f"--tolerance must be a number >= 0, got {tolerance}")
     current, baseline = as_result(current, "results"), as_result(baseline, "baseline")
     _per_example(current, source_name(current, "results"))
     _per_example(baseline, source_name(baseline, "baseline"))
-    comparison = Comparison(tolerance=tolerance)
-    comparison.warnings = _provenance_warnings(current, baseline)
+    comparison = Comparison(
+        tolerance=tolerance,
+        allow_model_change=allow_model_change,
+        allow_reference_change=allow_reference_change,
+    )
+    comparison.warnings = _provenance_warnings(
+        current, baseline, allow_model_change, allow_reference_change
+    )
     config_now, config_before = current.config, baseline.config
     comparison.config_changes = [
         (key, config_before.get(key), config_now.get(key))
@@ -280,7 +381,7 @@ def compare(
         and evaluators_before.get(name, {}).get("status") == "ok"
     ]
     methods_now, methods_before = current.methods, baseline.methods
-    comparison.removed = [spec for spec in methods_before if spec not in methods_now]
+    _removed(comparison, current, baseline, allow_removed)
     comparison.added = [spec for spec in methods_now if spec not in methods_before]
     kinds = ("aggregated", "local") if all_layers else ("aggregated",)
     for spec, method in methods_now.items():
@@ -306,7 +407,8 @@ def compare(
                 comparison.rows += _compare_layers(
                     current, baseline, spec, evaluator, kind, all_layers, tolerance, seed, higher
                 )
-    if not comparison.rows and not comparison.failed and not comparison.failed_evaluators:
+    found = comparison.failed or comparison.failed_evaluators or comparison.unallowed_removed
+    if not comparison.rows and not found:
         raise UsageError(
             "nothing to compare: no method and evaluator scored in both files on shared "
             "examples (removed: "
