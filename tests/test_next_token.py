@@ -151,6 +151,20 @@ def test_a_file_whose_every_evidence_word_is_missing_has_no_examples(tmp_path):
         load_examples(str(path))
 
 
+def test_a_limit_reads_and_warns_about_only_the_files_it_needs(tmp_path, capsys):
+    _write_csv(tmp_path / "a.csv", [_row("a dog", "NA"), _row("the dog", "dog"), _row("x", "x")])
+    _write_csv(tmp_path / "b.csv", [_row("a cat", "NA"), _row("the cat", "cat")])
+    data = load_examples(str(tmp_path), limit=1)
+    warnings = capsys.readouterr().err
+    assert [e.id for e in data.examples] == ["a-1"] and data.next_tokens.unmatched == 1
+    assert "a.csv: 1 of the 2 rows read (--limit) dropped" in warnings
+    assert "b.csv" not in warnings
+    data = load_examples(str(tmp_path))
+    warnings = capsys.readouterr().err
+    assert len(data.examples) == 3 and data.next_tokens.unmatched == 2
+    assert "a.csv: 1 of 3 rows dropped" in warnings and "b.csv: 1 of 2 rows dropped" in warnings
+
+
 def test_evidence_matching_strips_punctuation_prefers_case_and_takes_the_last():
     words = ["The", "dog,", "said", "the", "Dog."]
     assert evidence_index(words, "dog") == 1  # "dog," stripped; "Dog." only matches by case

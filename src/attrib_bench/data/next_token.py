@@ -12,7 +12,8 @@ among ``text.split()``, id ``<paradigm>-<pairID>`` (the row number without a ``p
 paradigm being the ``UID`` or else the file's stem. The evidence word is matched after stripping
 punctuation from both sides, case-sensitively, else case-insensitively; of several matches the
 last (the one nearest the predicted word) is marked. Rows whose evidence word is not in the
-prefix (BLiMP writes ``NA`` for 93 of its 11,000) are dropped, counted and warned about.
+prefix (BLiMP writes ``NA`` for 93 of its 11,000) are dropped, counted and warned about; with a
+``limit`` only the rows read until it is met (a file after it is not read).
 
 The two words are carried beside the examples (``NextTokens``, by example id): the token ids
 they stand for depend on the model's tokenizer (``token_pairs``).
@@ -124,9 +125,14 @@ def load_next_token(
     for stem, file in files.items():
         if chosen not in (ALL_SPLIT, stem):
             continue
+        if limit is not None and len(examples) >= limit:
+            break  # the files after the limit are not read, nor warned about
         rows = _rows(file)
-        dropped = 0
+        dropped = read = 0
         for index, row in enumerate(rows):
+            if limit is not None and len(examples) >= limit:
+                break
+            read += 1
             text = row[PREFIX].strip()
             marked = evidence_index(text.split(), row[EVIDENCE])
             if marked is None:
@@ -138,12 +144,12 @@ def load_next_token(
             examples.append(Example(id=example_id, text=text, rationale=rationale))
             words[example_id] = NextWords(row[GOOD].strip(), row[BAD].strip(), paradigm)
         if dropped:
+            of = f"{len(rows)} rows" if read == len(rows) else f"the {read} rows read (--limit)"
             warn(
-                f"{file.name}: {dropped} of {len(rows)} rows dropped, their evidence word "
+                f"{file.name}: {dropped} of {of} dropped, their evidence word "
                 f"({EVIDENCE!r} column) is not among the prefix words"
             )
         unmatched += dropped
-    examples = examples[:limit]
     records = [[e.id, e.text, e.rationale, asdict(words[e.id])] for e in examples]
     fingerprint = hashlib.sha256(json.dumps([chosen, limit, records]).encode()).hexdigest()
     kept = NextTokens({e.id: words[e.id] for e in examples}, unmatched)
