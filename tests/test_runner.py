@@ -250,11 +250,13 @@ def test_attribute_writes_records_in_dataset_order(tiny_bert, padded_data, run_c
 
 
 def test_progress_moves_per_method_within_a_batch(tiny_bert, monkeypatch):
-    """One batch of four and two methods: two steps of four, not one step at the batch's end."""
+    """One batch of four and two methods: two steps of four, not one step at the batch's end;
+    each step's work is the batch's padded tokens (what the time left is estimated from)."""
     from attrib_bench.core import console
     from attrib_bench.runner.engine import MethodState, RunConfig, attribution_stream, prepare
 
     steps: list[int] = []
+    works: list[tuple[float, bool]] = []
 
     class Recorder:
         def __init__(self, *args, **kwargs) -> None:
@@ -266,20 +268,25 @@ def test_progress_moves_per_method_within_a_batch(tiny_bert, monkeypatch):
         def __exit__(self, *exc) -> None:
             pass
 
-        def add_task(self, description: str, total: int) -> int:
+        def add_task(self, description: str, total: int, work: float) -> int:
             steps.append(-total)
+            works.append((-work, False))
             return 0
 
-        def advance(self, task: int, amount: int) -> None:
+        def advance(self, task: int, amount: int, work: float, free: bool = False) -> None:
             steps.append(amount)
+            works.append((work, free))
 
     monkeypatch.setattr(console, "progress", Recorder)
     prepared = prepare(RunConfig(model=str(tiny_bert), limit=4, batch_size=4), quiet=True)
     registry = prepared.registry
     methods = [MethodState(s, registry.attributor(s)) for s in ("attention", "saliency")]
+    padded = [batch.input_ids_BN.numel() for batch in prepared.batches]
     for _ in attribution_stream(prepared, methods, seed=0, quiet=True):
         pass
     assert steps == [-8, 0, 4, 4]
+    assert prepared.batches.padded_tokens() == padded
+    assert works == [(-2 * padded[0], False), (0, True), (padded[0], False), (padded[0], False)]
 
 
 def test_shipped_configs_write_nothing_into_the_checkout():

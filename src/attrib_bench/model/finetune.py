@@ -38,7 +38,6 @@ from attrib_bench.model.load import LoadedModel, load_model
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from rich.progress import Progress, TaskID
     from torch import nn
 
 METADATA_FILE = "attrib_bench_finetune.json"
@@ -298,7 +297,7 @@ def _train(
     data: LoadedData,
     device: str,
     quiet: bool,
-    shared_bar: tuple[Progress, TaskID] | None = None,
+    shared_bar: tuple[console.Progress, int] | None = None,
     proxy_report: dict | None = None,
 ) -> LoadedModel:
     """Train one model. ``config.seed`` drives all of its randomness: the fresh head's
@@ -417,7 +416,7 @@ def _build(
     target: Path,
     device: str,
     quiet: bool,
-    shared_bar: tuple[Progress, TaskID] | None = None,
+    shared_bar: tuple[console.Progress, int] | None = None,
 ) -> None:
     start = time.perf_counter()
     proxy: dict = {}
