@@ -103,6 +103,20 @@ def test_cached_work_shortens_the_time_left_without_speeding_up_the_rate():
     assert progress.seconds_left(task) == 30.0  # 100 tokens left at 100 per 30 s
 
 
+def test_a_terminal_gets_bars_whose_time_left_is_from_work():
+    clock = FakeClock()
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=100)
+    with Progress(console=console, clock=clock) as progress:
+        task = progress.add_task("attributing", total=4, work=400)
+        clock.now += 30
+        progress.advance(task, 1, work=100)  # a quarter of the work in 30 s: 90 s left
+        progress.bars.refresh()
+    shown = buffer.getvalue()
+    assert "1/4" in shown and "1m30s" in shown
+    assert "attributing: " not in shown  # no plain lines on a terminal
+
+
 def test_durations_are_short():
     assert [duration(s) for s in (0.4, 59, 65, 3599, 3720)] == [
         "0s",

@@ -187,6 +187,7 @@ class _TimeLeftColumn(rich.progress.ProgressColumn):
         self.progress = progress
 
     def render(self, task: rich.progress.Task) -> Text:
-        left = None if task.finished else self.progress.seconds_left(int(task.id))
+        known = int(task.id) in self.progress.tasks  # rich draws a task before add_task returns
+        left = self.progress.seconds_left(int(task.id)) if known and not task.finished else None
         shown = "-:--:--" if left is None else duration(left)
         return Text(shown, style="progress.remaining")
