@@ -165,7 +165,7 @@ def test_bad_files_fail_with_one_line(tiny_bert, attributed, run_cli, tmp_path):
 
     missing = _write_jsonl(tmp_path / "missing.jsonl", rows[1:])
     err = _one_line_error(run_cli, tiny_bert, missing)
-    assert f"no attributions for example {rows[0]['id']!r}" in err
+    assert f"{missing}: example {rows[0]['id']!r} of saliency: no attributions (by id)" in err
 
     unknown = _write_jsonl(tmp_path / "unknown.jsonl", [{"foo": 1}])
     assert "unknown attributions format" in _one_line_error(run_cli, tiny_bert, unknown)
@@ -281,8 +281,19 @@ def test_malformed_scores_and_targets_fail_with_one_line(
     path = _write_jsonl(tmp_path / "bad.jsonl", records)
     err = _one_line_error(run_cli, tiny_bert, path, "--batch-size", "1")
     assert expected in err
+    assert str(path) in err  # the path as given, never only the stem the method is named by
     if case not in ("empty file", "ragged layers") and not case.startswith("eraser"):
         assert repr(first["id"]) in err or "line 1" in err  # names the example
+
+
+def test_the_progress_bar_says_scoring_not_attributing(tiny_bert, attributed, run_cli, tmp_path):
+    """``evaluate`` computes no attributions: its bar names what it does."""
+    code, _, err = run_cli(
+        "evaluate", "--model", tiny_bert, "--dataset", "default", "--limit", "2",
+        "--attributions", attributed, "--method", "saliency", "--output", tmp_path / "ev.json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "scoring" in err and "attributing" not in err
 
 
 def test_method_that_failed_in_the_file_is_named_as_failed(

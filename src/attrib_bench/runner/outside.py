@@ -302,6 +302,7 @@ class FileAttributor:
 
     def __init__(self, name: str, method: FileMethod, source: Path, own: Any = None) -> None:
         self.name = name
+        self.source = source
         self.description = f"scores read from {source}"
         self.method = method
         #: The registry method behind an ``attribute`` file's rows (its explained target).
@@ -323,28 +324,31 @@ class FileAttributor:
                 found = self.method.rows.get(key)
                 if found is None:
                     what = "text" if self.method.by_text else "id"
-                    raise UsageError(
-                        f"{self.name}: no attributions for example {example.id!r} (by {what}) "
-                        "in the file"
-                    )
+                    raise UsageError(f"{self._where(example)}: no attributions (by {what})")
                 if found.target is not None and found.target >= classes:
                     raise UsageError(
-                        f"{self.name}: example {example.id!r} has target {found.target}, but "
-                        f"the model has {classes} classes"
+                        f"{self._where(example)} has target {found.target}, but the model has "
+                        f"{classes} classes"
                     )
                 fitted = self.rows[example.id] = self._fitted(found, batch, row, example)
                 local = None if fitted.local_LN is None else len(fitted.local_LN)
                 shape = shape or (len(fitted.aggregated_LN), local)
                 if (len(fitted.aggregated_LN), local) != shape:
                     raise UsageError(
-                        f"{self.name}: example {example.id!r} holds {len(fitted.aggregated_LN)} "
+                        f"{self._where(example)} holds {len(fitted.aggregated_LN)} "
                         f"aggregated and {local or 'no'} local rows, the first example "
                         f"{shape[0]} and {shape[1] or 'no'}: every example needs the same layers"
                     )
 
+    def _where(self, example: Example) -> str:
+        """An example in the file, for messages: the path as given, as the reader's messages say
+        (the method's name is the file's stem, which hid the folder), and the method in it."""
+        of = f" of {self.method.spec}" if self.method.spec else ""
+        return f"{self.source}: example {example.id!r}{of}"
+
     def _fitted(self, rows: Rows, batch: Batch, row: int, example: Example) -> Rows:
         tokens = batch.tokens[row]
-        where = f"{self.name}: example {example.id!r}"
+        where = self._where(example)
         for matrix in (rows.aggregated_LN, rows.local_LN, rows.words):
             if matrix is not None and not np.isfinite(matrix).all():
                 raise UsageError(f"{where}: a score is not a finite number (NaN, inf or null)")
@@ -374,7 +378,7 @@ class FileAttributor:
         ids = {e.id for e in batch.examples}
         if ids & self.served:
             raise UsageError(
-                f"{self.name}: an evaluator re-runs the method (on a randomised model, or for "
+                f"{self.source}: an evaluator re-runs the method (on a randomised model, or for "
                 "each class), which scores read from a file cannot do: leave that evaluator "
                 "out, or score the method with attrib-bench run"
             )
@@ -511,8 +515,14 @@ def evaluate(
         raise unknown_choice("reference attributor", reference, registry.attributors)
     needs = any(getattr(registry.evaluator(s), "needs_reference", False) for s in evaluators)
     run_config = dataclasses.replace(base, attributors=names, reference=reference)
+    # It reads scores and runs the evaluators: "attributing" would misname the work.
     document = run_single(
-        run_config, quiet, cache=False, prepared=prepared, with_reference=needs
+        run_config,
+        quiet,
+        cache=False,
+        prepared=prepared,
+        with_reference=needs,
+        description="scoring",
     ).document()
     document["provenance"]["attributions"] = {
         "file": str(path),
