@@ -1,20 +1,22 @@
 """Cost columns (seconds and peak memory per method), the random floor, opt-in evaluators.
 
-The cost tests run methods of known cost through ``attrib-bench run``: one that sleeps a known
+The cost tests run methods of known cost through ``attrib-bench run``: one that takes a known
 time, one that allocates a known tensor, and two that share one intermediate of known time and
-size (README, "Cost columns": every method is charged its standalone cost).
+size (README, "Cost columns": every method is charged its standalone cost). Time is a fake
+clock (``attrib_bench.core.clock``) that the methods advance: the charges are exact, whatever
+the machine's load.
 """
 
 from __future__ import annotations
 
 import json
 import textwrap
-import time
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from attrib_bench.core import clock
 from attrib_bench.runner import memory
 from attrib_bench.runner.memory import (
     CPU_SOURCE,
@@ -23,26 +25,55 @@ from attrib_bench.runner.memory import (
     tensor_megabytes,
 )
 
+FORWARD_PER_EXAMPLE = 0.25  # seconds of the traced forward pass, charged to every method
 SLEEP_PER_EXAMPLE = 0.1  # seconds
 ALLOCATED_MB = 64
 SHARED_SLEEP_PER_EXAMPLE = 0.05  # seconds, to compute the shared intermediate
 SHARED_MB = 32
 
-COST_PLUGIN = f"""
-import time
 
+class FakeClock:
+    """``attrib_bench.core.clock.now`` for tests: it moves only by ``advance``."""
+
+    def __init__(self) -> None:
+        self.seconds = 1000.0
+
+    def __call__(self) -> float:
+        return self.seconds
+
+    def advance(self, seconds: float) -> None:
+        self.seconds += seconds
+
+
+#: Each cost is time on the test's fake clock (``clock.now``, a FakeClock during the run). The
+#: forward pass's cost is a trace field's: captured in the pass, whoever requires it.
+COST_PLUGIN = f"""
 import torch
 
 import attrib_bench
+from attrib_bench.core import clock
+
+
+def forward_cost(kept):
+    clock.now.advance({FORWARD_PER_EXAMPLE} * kept[0].shape[0])
+    return tuple(kept)
+
+
+KNOWN_FORWARD = attrib_bench.TraceField(
+    name="known_forward",
+    doc="the head's output, and a forward pass of known time",
+    modules=lambda adapter: [adapter.model.classifier],
+    keep="output",
+    collect=forward_cost,
+)
 
 
 class KnownCost:
-    requires = frozenset()
-
-    def __init__(self, name, work):
+    def __init__(self, name, work, requires=()):
         self.name = name
         self.description = f"Position decay at a known cost ({{name}})"
         self.work = work
+        self.requires = frozenset(requires)
 
     def attribute(self, trace):
         self.work(trace)
@@ -52,7 +83,7 @@ class KnownCost:
 
 
 def sleep(trace):
-    time.sleep({SLEEP_PER_EXAMPLE} * len(trace.batch.examples))
+    clock.now.advance({SLEEP_PER_EXAMPLE} * len(trace.batch.examples))
 
 
 def allocate(trace):
@@ -62,16 +93,21 @@ def allocate(trace):
 
 def shared(trace):
     def compute():
-        time.sleep({SHARED_SLEEP_PER_EXAMPLE} * len(trace.batch.examples))
+        clock.now.advance({SHARED_SLEEP_PER_EXAMPLE} * len(trace.batch.examples))
         return torch.ones({SHARED_MB} * 2**20 // 4)
 
     trace.memo("test-shared", compute)
 
 
 @attrib_bench.hookimpl
+def attrib_bench_trace_fields():
+    return [KNOWN_FORWARD]
+
+
+@attrib_bench.hookimpl
 def attrib_bench_attributors():
     return [
-        KnownCost("idle", lambda trace: None),
+        KnownCost("idle", lambda trace: None, requires={{"known_forward"}}),
         KnownCost("sleeps", sleep),
         KnownCost("allocates", allocate),
         KnownCost("shared-first", shared),
@@ -90,11 +126,13 @@ def test_peak_memory_sees_an_allocation_freed_before_the_end():
 
 def test_peak_memory_times_the_block_not_its_own_setup(monkeypatch):
     """The trim before the block is the measure's cost, not the method's (``seconds``)."""
-    monkeypatch.setattr(memory, "_TRIM", lambda: time.sleep(0.3))
+    fake = FakeClock()
+    monkeypatch.setattr(clock, "now", fake)
+    monkeypatch.setattr(memory, "_TRIM", lambda: fake.advance(0.3))
     monkeypatch.setattr(memory, "CPU_SOURCE", "vmhwm")
     with PeakMemory(torch.device("cpu")) as peak:
-        time.sleep(0.05)
-    assert 0.05 <= peak.seconds < 0.2
+        fake.advance(0.05)
+    assert peak.seconds == pytest.approx(0.05)  # the trim's 0.3 s left out
 
 
 def _megabyte_chunks() -> list[torch.Tensor]:
@@ -231,6 +269,7 @@ def known_costs(tiny_bert, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ATTRIB_BENCH_CACHE", str(folder / "cache"))
         patch.setenv("ATTRIB_BENCH_NO_CACHE", "1")
+        patch.setattr(clock, "now", FakeClock())
         code = main(
             ["run", *map(str, args), "--attributors", methods, "--quiet", "--output", str(output)]
         )
@@ -239,12 +278,13 @@ def known_costs(tiny_bert, tmp_path_factory):
 
 
 def test_seconds_per_example_charge_a_methods_own_time(known_costs):
-    idle, sleeps = known_costs["idle"], known_costs["sleeps"]
-    # Both carry the same shared forward pass; the difference is the sleep, per example (give or
-    # take idle's own few milliseconds and the scheduler's wake-up latency).
-    own = sleeps["seconds_per_example"] - idle["seconds_per_example"]
-    assert SLEEP_PER_EXAMPLE * 0.9 <= own < SLEEP_PER_EXAMPLE * 1.5
-    assert idle["seconds_per_example"] > 0  # the forward pass, whose time depends on the load
+    # Every method carries the shared forward pass (which idle alone asked a field of), plus
+    # its own time, per example.
+    assert known_costs["idle"]["seconds_per_example"] == pytest.approx(FORWARD_PER_EXAMPLE)
+    assert known_costs["allocates"]["seconds_per_example"] == pytest.approx(FORWARD_PER_EXAMPLE)
+    assert known_costs["sleeps"]["seconds_per_example"] == pytest.approx(
+        FORWARD_PER_EXAMPLE + SLEEP_PER_EXAMPLE
+    )
 
 
 def test_peak_memory_is_what_a_method_allocates(known_costs):
@@ -255,11 +295,11 @@ def test_peak_memory_is_what_a_method_allocates(known_costs):
 
 def test_a_shared_intermediate_is_charged_to_every_method_that_reads_it(known_costs):
     """Computed by whichever method runs first, charged in time and memory to both."""
-    idle = known_costs["idle"]["seconds_per_example"]
     first, second = known_costs["shared-first"], known_costs["shared-second"]
     for method in (first, second):
-        charged = method["seconds_per_example"] - idle
-        assert SHARED_SLEEP_PER_EXAMPLE * 0.9 <= charged < SHARED_SLEEP_PER_EXAMPLE * 1.5
+        assert method["seconds_per_example"] == pytest.approx(
+            FORWARD_PER_EXAMPLE + SHARED_SLEEP_PER_EXAMPLE
+        )
         assert SHARED_MB * 0.95 <= method["peak_memory_mb"] < SHARED_MB * 1.25
     # The reader is charged the tensor it read exactly, plus its own (tiny) peak.
     assert SHARED_MB <= second["peak_memory_mb"] < SHARED_MB + 2

@@ -10,7 +10,6 @@ what to keep of each call. Its hooks live for that one forward pass only.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from attrib_bench.core import clock
 from attrib_bench.core.errors import UsageError
 from attrib_bench.core.interfaces import Batch
 from attrib_bench.core.target import DEFAULT_TARGET, Target
@@ -119,13 +119,13 @@ class Trace:
     def memo(self, key: str, compute: Callable[[], Any]) -> Any:
         """Return ``shared[key]``, computing it on first use within this batch.
 
-        Its compute time is recorded so that every method reading it is charged the same
-        standalone cost, whichever of them happened to run first.
+        Its compute time (on ``attrib_bench.core.clock``) is recorded so that every method
+        reading it is charged the same standalone cost, whichever of them happened to run first.
         """
         if key not in self.shared:
-            start = time.perf_counter()
+            start = clock.now()
             self.shared[key] = compute()
-            self.memo_seconds[key] = time.perf_counter() - start
+            self.memo_seconds[key] = clock.now() - start
         self.accessed.add(key)
         return self.shared[key]
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from attrib_bench.core import clock
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MEGABYTE = 2**20
 _CLEAR_REFS = "/proc/self/clear_refs"
@@ -74,8 +76,8 @@ CPU_SOURCE = "vmhwm" if _TRIM is not None and _resettable() else "sampled-rss"
 
 class PeakMemory:
     """``with PeakMemory(device) as peak: ...`` then ``peak.megabytes`` above the start and
-    ``peak.seconds``, the block's own time: the measure's setup (the trim, a CUDA
-    synchronisation) is not charged to the code it measures.
+    ``peak.seconds``, the block's own time on ``attrib_bench.core.clock``: the measure's setup
+    (the trim, a CUDA synchronisation) is not charged to the code it measures.
 
     Exact on CUDA (the allocator's peak counter) and on Linux with glibc (the kernel's resident
     high-water mark); elsewhere a thread samples every ``SAMPLE_SECONDS`` and can miss a peak
@@ -102,7 +104,7 @@ class PeakMemory:
             self._running = True
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
-        self._began = time.perf_counter()
+        self._began = clock.now()
         return self
 
     def _sample(self) -> None:
@@ -113,13 +115,13 @@ class PeakMemory:
     def __exit__(self, *exc: object) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            self.seconds = time.perf_counter() - self._began
+            self.seconds = clock.now() - self._began
             peak = torch.cuda.max_memory_allocated(self.device)
         elif CPU_SOURCE == "vmhwm":
-            self.seconds = time.perf_counter() - self._began
+            self.seconds = clock.now() - self._began
             peak = _high_water_mark()
         else:
-            self.seconds = time.perf_counter() - self._began
+            self.seconds = clock.now() - self._began
             self._running = False
             self._thread.join()
             peak = max(self._peak, _rss())
