@@ -219,6 +219,22 @@ def test_models_in_a_config_file(seeds, run_cli, tmp_path):
     assert document["models"]["floor_model"] is None  # no evaluator asked for the floor
 
 
+def test_a_seed_model_fine_tuned_near_chance_is_warned_about(seeds, run_cli, tmp_path):
+    """Seed invariance of models that learned nothing says little: the run says which."""
+    from attrib_bench.model.finetune import METADATA_FILE
+
+    weak = Path(shutil.copytree(seeds[1], tmp_path / "weak"))
+    metadata = {"eval_accuracy": 0.51, "eval_majority_rate": 0.5, "eval_split": "test"}
+    (weak / METADATA_FILE).write_text(json.dumps(metadata))
+    code, _, err = run_cli(
+        "run", "--models", f"{seeds[0]},{weak}", "--limit", "2", "--attributors", "attention",
+        "--evaluators", "seed-invariance:measure=jaccard,k=2", *QUIET,
+    )  # fmt: skip
+    assert code == 0, err
+    warned = [line for line in err.splitlines() if "near chance" in line]
+    assert len(warned) == 1 and f"--models {weak}: held-out accuracy 0.5100" in warned[0], err
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import time
+from collections import Counter
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
@@ -53,6 +54,10 @@ PROXY_FIELDS = ("reinit_top", "reinit_steps", "reinit_learning_rate")
 DEFAULT_REINIT_STEPS = 800
 #: Sentences the proxy's reconstruction MSE is reported on (before and after re-training).
 PROBE_SENTENCES = 256
+#: A fine-tune is "near chance" when its held-out accuracy is below the held-out split's
+#: majority-class rate (what always answering its most frequent class scores, at least
+#: 1/classes) plus this margin: it has learned little, and the attributions explain noise.
+CHANCE_MARGIN = 0.05
 PROXY_SEED_VARIES = (
     "top {k} layers' pretraining init and the re-training data order, plus head init, data "
     "order and dropout of fine-tuning"
@@ -131,6 +136,33 @@ def _accuracy(loaded: LoadedModel, data: LoadedData, batch_size: int, max_length
             predicted = loaded.model(**batch.model_inputs()).logits.argmax(-1)
             correct += int((predicted == batch.labels).sum())
     return correct / len(data.examples)
+
+
+def _majority_rate(data: LoadedData) -> float:
+    """The accuracy of always answering ``data``'s most frequent label."""
+    return max(Counter(e.label for e in data.examples).values()) / len(data.examples)
+
+
+def near_chance(metadata: dict) -> str | None:
+    """Why a fine-tuned model's held-out accuracy is near chance (see CHANCE_MARGIN), or None:
+    also None without a held-out split, or in metadata written before the rate was recorded."""
+    accuracy, chance = metadata.get("eval_accuracy"), metadata.get("eval_majority_rate")
+    if accuracy is None or chance is None or accuracy >= chance + CHANCE_MARGIN:
+        return None
+    return (
+        f"held-out accuracy {accuracy:.4f} on {metadata['eval_split']} is near chance (the "
+        f"majority class alone scores {chance:.4f}): the model has learned little, so its "
+        "attributions explain noise; train longer (--epochs), on more data (--limit), or with "
+        "another --learning-rate"
+    )
+
+
+def warn_near_chance(model_dir: Path | str, who: str) -> None:
+    """Warn, naming ``who``, when ``model_dir`` is a fine-tune of this package near chance."""
+    metadata_file = Path(model_dir) / METADATA_FILE
+    reason = near_chance(read_metadata(model_dir)) if metadata_file.is_file() else None
+    if reason is not None:
+        console.warn(f"{who}: {reason}")
 
 
 def _train_data(config: FinetuneConfig) -> LoadedData:
@@ -437,6 +469,7 @@ def _build(
         "eval_accuracy": (
             _accuracy(loaded, evaluation, 64, config.max_length) if evaluation else None
         ),
+        "eval_majority_rate": _majority_rate(evaluation) if evaluation else None,
         **proxy,
     }
     staging = target.with_name(target.name + f".tmp{os.getpid()}")
@@ -466,6 +499,7 @@ def finetune(
     target = _target(config, train)
     if not _is_cached(target):
         _build(config, train, target, device, quiet)
+    warn_near_chance(target, config.model)
     return _deliver(target, output)
 
 
@@ -500,6 +534,8 @@ def finetune_seeds(
             task = bar.add_task("fine-tuning", total=per_seed * len(todo))
             for one, target in todo:
                 _build(one, train, target, device, quiet, (bar, task))
+    for seed, target in zip(seeds, targets, strict=True):
+        warn_near_chance(target, f"seed {seed}")
     return [
         _deliver(target, None if output is None else Path(output) / f"seed-{seed}")
         for seed, target in zip(seeds, targets, strict=True)

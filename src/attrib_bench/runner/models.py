@@ -27,6 +27,7 @@ from attrib_bench.core import console
 from attrib_bench.core.errors import UsageError
 from attrib_bench.core.interfaces import KINDS, compares_models
 from attrib_bench.core.registry import Spec, load_registry
+from attrib_bench.model.finetune import warn_near_chance
 from attrib_bench.runner.engine import (
     MethodState,
     Prepared,
@@ -95,6 +96,8 @@ def run_models(config: RunConfig, quiet: bool = False, cache: bool = True) -> di
     ]
     prepared = [prepare(one, quiet) for one in configs]  # every model loads before the long part
     check_comparable(models, prepared)
+    for model, inputs in zip(models, prepared, strict=True):  # seeds of an untrained model
+        warn_near_chance(inputs.loaded.model_id, f"--models {model}")
     runs: list[SingleRun] = []
     for index, (one, inputs) in enumerate(zip(configs, prepared, strict=True)):
         description = f"attributing, model {index + 1}/{total}"
