@@ -20,7 +20,6 @@ any Hugging Face classifier or causal language model.
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -30,6 +29,7 @@ import torch
 import attrib_bench
 from attrib_bench import Attribution, Batch, Configurable, Trace
 from attrib_bench.core.target import target_score
+from attrib_bench.toolkit.budget import per_pass
 from attrib_bench.toolkit.captum_inputs import (
     example_arguments,
     example_seed,
@@ -65,13 +65,6 @@ def _padded(batch: Batch, row: int, values: torch.Tensor) -> torch.Tensor:
     padded = values.new_zeros(batch.input_ids_BN.shape[1:] + values.shape[-1:])
     padded[real_N] = values[0]
     return padded
-
-
-def steps_per_pass(steps: int, tokens: int, length: int) -> int:
-    """Path steps of one example of ``length`` tokens per pass of at most ``tokens`` tokens
-    (at least one), the passes made as even as their number allows."""
-    passes = math.ceil(steps / max(1, tokens // length))
-    return math.ceil(steps / passes)
 
 
 class _Scored(torch.nn.Module):
@@ -211,23 +204,23 @@ class IntegratedGradients(_EmbeddingGradient):
 
     Each example's path runs over its real tokens alone (Captum called per example), so no
     pass computes padding (14% of the tokens of length-sorted batches of 16 SST-2 sentences).
-    A pass holds path steps of one example, as many as fit in the tokens of
-    ``internal_batch_size`` sequences of the batch's padded length; the default, 0, means the
-    batch's size, so a pass is never larger than the batch's own forward pass and peak memory
-    grows with ``--batch-size``, not with ``steps`` (``steps_per_pass``: as many passes as
-    needed, as even as their number allows). The chunking changes only the order in which the
-    steps' gradients are summed.
+    A pass holds path steps of one example, as many as fit in ``chunk_tokens`` tokens (2048:
+    eight steps of a 255-token review, all 50 of a 40-token sentence), so peak memory is bounded
+    by the budget, not by ``--batch-size``, ``steps`` or the input's length
+    (attrib_bench.toolkit.budget.per_pass: as many passes as needed, as even as their number
+    allows; a step longer than the budget runs alone). The chunking changes only the order in
+    which the steps' gradients are summed. The passes run under sdpa (``scored_forward``).
     """
 
     name = "integrated-gradients"
     description = "Integrated Gradients on the embeddings, [PAD] baseline (Captum; steps=50)"
-    parameters = {**_EmbeddingGradient.parameters, "steps": 50, "internal_batch_size": 0}
+    parameters = {**_EmbeddingGradient.parameters, "steps": 50, "chunk_tokens": 2048}
 
     def validate(self) -> None:
         if self.params["steps"] < 1:
             raise self.out_of_range("steps", ">= 1")
-        if self.params["internal_batch_size"] < 0:
-            raise self.out_of_range("internal_batch_size", ">= 0 (0: the batch size)")
+        if self.params["chunk_tokens"] < 1:
+            raise self.out_of_range("chunk_tokens", ">= 1")
 
     def per_dimension(
         self, trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None
@@ -236,9 +229,7 @@ class IntegratedGradients(_EmbeddingGradient):
 
         batch = trace.batch
         method = LayerIntegratedGradients(scored_forward(trace.loaded), self.layer(trace))
-        steps = self.params["steps"]
-        sequences = self.params["internal_batch_size"] or len(batch.input_ids_BN)
-        tokens = sequences * batch.input_ids_BN.shape[1]
+        steps, budget = self.params["steps"], self.params["chunk_tokens"]
         baseline_BN = _pad_baseline(trace)
         rows = []
         for row in range(len(batch.input_ids_BN)):
@@ -249,7 +240,7 @@ class IntegratedGradients(_EmbeddingGradient):
                 baselines=baseline_BN[row : row + 1, real_N],
                 **arguments,
                 n_steps=steps,
-                internal_batch_size=steps_per_pass(steps, tokens, ids.shape[1]),
+                internal_batch_size=per_pass(steps, ids.shape[1], budget),
             )
             rows.append(_padded(batch, row, values))
         return torch.stack(rows)

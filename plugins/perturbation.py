@@ -8,7 +8,10 @@ encoders), else [PAD]; ``mask``, ``pad``, ``unk`` name it. Every other input (at
 token types, position ids) is the real input's. The score is the run's target score, as in
 plugins/gradient.py (``explained_classes``). Each example is explained alone over its real tokens,
 with Captum's random draws seeded by (run seed + ``seed``, example id), so a result never depends
-on the batch; ``perturbations_per_eval`` perturbed inputs go through the model per forward pass.
+on the batch. Perturbed inputs go through the model in passes of at most ``chunk_tokens`` tokens
+(as many inputs of the example's length as fit, the passes as even as their number allows:
+attrib_bench.toolkit.budget.per_pass), so a long input gets fewer inputs per pass, not a larger
+pass; the passes run under sdpa (``scored_forward``).
 KernelSHAP and LIME fit scikit-learn models through Captum (linear regression; ridge, see Lime).
 """
 
@@ -21,6 +24,7 @@ import torch
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, Trace, UsageError
+from attrib_bench.toolkit.budget import per_pass
 from attrib_bench.toolkit.captum_inputs import (
     example_arguments,
     example_seed,
@@ -46,16 +50,24 @@ def baseline_token(loaded: LoadedModel, choice: str) -> int:
 
 class _TokenPerturbation(Configurable, ABC):
     requires = frozenset()
-    parameters = {"target": "run", "baseline": "auto", "seed": 0, "perturbations_per_eval": 64}
+    parameters = {"target": "run", "baseline": "auto", "seed": 0, "chunk_tokens": 8192}
     choices = {"target": ("run", "predicted", "gold"), "baseline": ("auto", "mask", "pad", "unk")}
 
     def validate(self) -> None:
-        if self.params["perturbations_per_eval"] < 1:
-            raise self.out_of_range("perturbations_per_eval", ">= 1")
+        if self.params["chunk_tokens"] < 1:
+            raise self.out_of_range("chunk_tokens", ">= 1")
 
     @abstractmethod
-    def explain(self, forward: Any, content_1M: torch.Tensor, baseline: int, target: Any) -> Any:
-        """Captum's attribution of the content tokens (1, M)."""
+    def explain(
+        self, forward: Any, content_1M: torch.Tensor, baseline: int, target: Any, per_eval: int
+    ) -> Any:
+        """Captum's attribution of the content tokens (1, M), ``per_eval`` perturbed inputs a
+        pass."""
+
+    def evaluations(self, features: int) -> int:
+        """How many perturbed inputs Captum runs for ``features`` tokens: ``samples`` draws
+        (KernelSHAP, LIME); occlusion and Shapley sampling override it."""
+        return self.params["samples"]
 
     def explained_target(self, trace: Trace) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The classes (and foils) this method's ``target=`` explains: what the removal
@@ -73,8 +85,11 @@ class _TokenPerturbation(Configurable, ABC):
             content_N = ~batch.special_tokens_mask_BN[row, real_N].bool()
             forward = _content_forward(loaded, ids_1N, content_N, arguments)
             seed = example_seed(self.params["seed"], trace, row)
+            count = self.evaluations(int(content_N.sum()))
+            per_eval = per_pass(count, ids_1N.shape[1], self.params["chunk_tokens"])
+            content_1M, target = ids_1N[:, content_N], arguments["target"]
             with seeded(seed, loaded.device), torch.no_grad():
-                values = self.explain(forward, ids_1N[:, content_N], baseline, arguments["target"])
+                values = self.explain(forward, content_1M, baseline, target, per_eval)
             real_scores = scores_BN[row, real_N]
             real_scores[content_N] = values[0].to(scores_BN)
             scores_BN[row, real_N] = real_scores
@@ -97,14 +112,14 @@ def _content_forward(loaded: LoadedModel, ids_1N: torch.Tensor, content_N: torch
     return from_content
 
 
-def _sampled_attribute(params: dict, explainer, content_1M, baseline, target):
+def _sampled_attribute(params: dict, explainer, content_1M, baseline, target, per_eval: int):
     """Captum's ``attribute`` of a sampling method: ``samples`` draws, batched evaluations."""
     return explainer.attribute(
         content_1M,
         baselines=baseline,
         target=target,
         n_samples=params["samples"],
-        perturbations_per_eval=params["perturbations_per_eval"],
+        perturbations_per_eval=per_eval,
     )
 
 
@@ -117,14 +132,14 @@ class Occlusion(_TokenPerturbation):
     in_default_run = False  # 32x a forward pass on MiniLM (one pass per token, batched)
     description = "Leave-one-out: score drop with each token set to [MASK] (Captum FeatureAblation)"
 
-    def explain(self, forward, content_1M, baseline, target):
+    def evaluations(self, features: int) -> int:
+        return features
+
+    def explain(self, forward, content_1M, baseline, target, per_eval):
         from captum.attr import FeatureAblation
 
         return FeatureAblation(forward).attribute(
-            content_1M,
-            baselines=baseline,
-            target=target,
-            perturbations_per_eval=self.params["perturbations_per_eval"],
+            content_1M, baselines=baseline, target=target, perturbations_per_eval=per_eval
         )
 
 
@@ -136,10 +151,14 @@ class ShapleyValueSampling(_TokenPerturbation):
     in_default_run = False
     parameters = {**_TokenPerturbation.parameters, "samples": 25}
 
-    def explain(self, forward, content_1M, baseline, target):
+    def evaluations(self, features: int) -> int:
+        return self.params["samples"] * features  # one per feature of each ordering
+
+    def explain(self, forward, content_1M, baseline, target, per_eval):
         from captum.attr import ShapleyValueSampling as Captum
 
-        return _sampled_attribute(self.params, Captum(forward), content_1M, baseline, target)
+        explainer = Captum(forward)
+        return _sampled_attribute(self.params, explainer, content_1M, baseline, target, per_eval)
 
 
 class KernelShap(_TokenPerturbation):
@@ -151,12 +170,14 @@ class KernelShap(_TokenPerturbation):
     in_default_run = False
     parameters = {**_TokenPerturbation.parameters, "samples": 200}
 
-    def explain(self, forward, content_1M, baseline, target):
+    def explain(self, forward, content_1M, baseline, target, per_eval):
         if content_1M.shape[1] == 1:  # the Shapley kernel is undefined for one feature, whose
-            return Occlusion.explain(self, forward, content_1M, baseline, target)  # value this is
+            # value this is
+            return Occlusion.explain(self, forward, content_1M, baseline, target, per_eval)
         from captum.attr import KernelShap as Captum
 
-        return _sampled_attribute(self.params, Captum(forward), content_1M, baseline, target)
+        explainer = Captum(forward)
+        return _sampled_attribute(self.params, explainer, content_1M, baseline, target, per_eval)
 
 
 class Lime(_TokenPerturbation):
@@ -171,15 +192,14 @@ class Lime(_TokenPerturbation):
     parameters = {**_TokenPerturbation.parameters, "samples": 200, "regression": "ridge"}
     choices = {**_TokenPerturbation.choices, "regression": ("ridge", "lasso")}
 
-    def explain(self, forward, content_1M, baseline, target):
+    def explain(self, forward, content_1M, baseline, target, per_eval):
         from captum._utils.models.linear_model import SkLearnLasso, SkLearnRidge
         from captum.attr import Lime as Captum
 
         ridge = self.params["regression"] == "ridge"
         fit = SkLearnRidge(alpha=1.0) if ridge else SkLearnLasso(alpha=0.01)
-        return _sampled_attribute(
-            self.params, Captum(forward, interpretable_model=fit), content_1M, baseline, target
-        )
+        explainer = Captum(forward, interpretable_model=fit)
+        return _sampled_attribute(self.params, explainer, content_1M, baseline, target, per_eval)
 
 
 @attrib_bench.hookimpl

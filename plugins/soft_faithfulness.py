@@ -146,7 +146,7 @@ def soft_log_probs(
 
         handle = trace.loaded.embeddings.register_forward_hook(mask_output)
         try:
-            with torch.no_grad():
+            with torch.no_grad(), trace.loaded.fast_attention():  # logits alone: sdpa
                 logits = trace.model(**{name: t[examples] for name, t in inputs.items()}).logits
         finally:
             handle.remove()

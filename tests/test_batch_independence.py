@@ -18,7 +18,7 @@ VARIANTS = [
     "effective-attention:residual=0.5",
     "hta:norm=sum",
     "saliency:target=gold,reduce=sum",
-    "integrated-gradients:steps=4,internal_batch_size=7",
+    "integrated-gradients:steps=4,chunk_tokens=20",
 ]
 
 

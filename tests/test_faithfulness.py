@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import numpy as np
@@ -69,6 +70,7 @@ def toy_trace(scores: list[float], label: int = 1, pad: int = 0):
         tokenizer=tokenizer,
         position_ids=lambda ids: torch.arange(ids.shape[1]).expand_as(ids),
         is_language_model=False,
+        fast_attention=nullcontext,  # a toy without attention
     )
     trace = Trace(batch=batch, loaded=loaded, logits_BC=model(ids, mask).logits.float())
     attribution = Attribution(aggregated_BLN=torch.tensor([[scores + [0.0] * pad]]))

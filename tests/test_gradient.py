@@ -9,7 +9,8 @@ from helpers import examples, one_batch
 
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
-from attrib_bench_plugins.gradient import Gradient, Saliency, steps_per_pass
+from attrib_bench.toolkit.budget import per_pass
+from attrib_bench_plugins.gradient import Gradient, Saliency
 from attrib_bench_plugins.gradient import IntegratedGradients as OurIG
 
 
@@ -373,9 +374,9 @@ def test_saliency_and_gradient_are_each_charged_the_shared_pass(tiny_bert):
     assert trace.accessed == {key}  # the runner charges the memo's time to every reader
 
 
-def test_integrated_gradients_passes_hold_no_padding_and_at_most_one_batch(tiny_bert):
-    """Each example's path runs over its real tokens in passes of at most the batch's tokens
-    (``internal_batch_size`` padded sequences' worth, by default the batch's size)."""
+def test_integrated_gradients_passes_hold_no_padding_and_at_most_the_token_budget(tiny_bert):
+    """Each example's path runs over its real tokens in passes of at most ``chunk_tokens``
+    tokens, whatever the batch's size."""
     loaded = load_model(str(tiny_bert), "cpu")
     trace = trace_batch(loaded, one_batch(loaded, examples()), set())
     batch, steps = trace.batch, 7
@@ -385,33 +386,29 @@ def test_integrated_gradients_passes_hold_no_padding_and_at_most_one_batch(tiny_
         lambda _m, _args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
         with_kwargs=True,
     )
-    for sequences in (0, 1):
+    for tokens in (2048, 3 * max(lengths)):
         shapes.clear()
-        ours = OurIG().configure({"steps": str(steps), "internal_batch_size": str(sequences)})
-        ours.attribute(trace)
-        tokens = (sequences or len(lengths)) * batch.input_ids_BN.shape[1]
+        OurIG().configure({"steps": str(steps), "chunk_tokens": str(tokens)}).attribute(trace)
         for n in lengths:  # the input's and the baseline's layer outputs, then the path steps
             assert shapes[:2] == [(1, n), (1, n)]
-            per_pass = steps_per_pass(steps, tokens, n)
-            passes = -(-steps // per_pass)
-            expected = [(per_pass, n)] * (passes - 1) + [(steps - per_pass * (passes - 1), n)]
+            size = per_pass(steps, n, tokens)
+            passes = -(-steps // size)
+            expected = [(size, n)] * (passes - 1) + [(steps - size * (passes - 1), n)]
             assert shapes[2 : 2 + passes] == expected
             assert all(rows * n <= tokens for rows, _ in expected)
             del shapes[: 2 + passes]
         assert not shapes
-    assert steps_per_pass(50, 16 * 53, 40) == 17  # 21 fit: three passes of 17, 17 and 16
-    assert steps_per_pass(50, 16, 40) == 1  # one step at least
+    assert per_pass(50, 40, 16 * 53) == 17  # 21 fit: three passes of 17, 17 and 16
+    assert per_pass(50, 40, 16) == 1  # one step at least
 
 
 def test_integrated_gradients_internal_batches_change_only_the_summation_order(tiny_bert):
     _, trace = float64_setup(tiny_bert)
     steps = 9
-    whole = str(steps * len(trace.batch.input_ids_BN))
-    ours = OurIG().configure({"steps": str(steps), "reduce": "sum", "internal_batch_size": "1"})
+    whole = str(steps * trace.batch.input_ids_BN.shape[1])
+    ours = OurIG().configure({"steps": str(steps), "reduce": "sum", "chunk_tokens": "1"})
     step_by_step = ours.per_dimension(trace, trace.predicted_B, None)
-    one_pass = ours.configure({"internal_batch_size": whole}).per_dimension(
-        trace, trace.predicted_B, None
-    )
+    one_pass = ours.configure({"chunk_tokens": whole}).per_dimension(trace, trace.predicted_B, None)
     torch.testing.assert_close(step_by_step, one_pass, rtol=1e-12, atol=1e-14)
     # and the padded batch in one Captum call gives the same numbers on the real tokens
     from captum.attr import LayerIntegratedGradients
@@ -431,9 +428,9 @@ def test_integrated_gradients_internal_batches_change_only_the_summation_order(t
     assert not one_pass[~mask].any()
 
 
-def test_integrated_gradients_internal_batch_size_is_validated():
+def test_integrated_gradients_chunk_tokens_is_validated():
     from attrib_bench import UsageError
 
-    with pytest.raises(UsageError, match="internal_batch_size"):
-        OurIG().configure({"internal_batch_size": "-1"})
-    assert OurIG().params["internal_batch_size"] == 0
+    with pytest.raises(UsageError, match="chunk_tokens must be >= 1, got 0"):
+        OurIG().configure({"chunk_tokens": "0"})
+    assert OurIG().params["chunk_tokens"] == 2048

@@ -42,7 +42,7 @@ def content_positions(trace, row) -> list[int]:
 
 def test_occlusion_equals_explicit_loop(tiny_bert):
     loaded, trace = float64_trace(tiny_bert)
-    ours = Occlusion().configure({"perturbations_per_eval": "3"}).attribute(trace)
+    ours = Occlusion().configure({"chunk_tokens": "30"}).attribute(trace)
     mask_id = loaded.tokenizer.mask_token_id
     for row in range(trace.batch.input_ids_BN.shape[0]):
         ids = trace.batch.input_ids_BN[row]
@@ -60,8 +60,8 @@ def test_occlusion_equals_explicit_loop(tiny_bert):
 
 def test_pad_baseline_and_batching_do_not_change_occlusion(tiny_roberta):
     loaded, trace = float64_trace(tiny_roberta)
-    one = Occlusion().configure({"baseline": "pad", "perturbations_per_eval": "1"})
-    many = Occlusion().configure({"baseline": "pad", "perturbations_per_eval": "64"})
+    one = Occlusion().configure({"baseline": "pad", "chunk_tokens": "1"})
+    many = Occlusion().configure({"baseline": "pad", "chunk_tokens": "8192"})
     torch.testing.assert_close(
         one.attribute(trace).aggregated_BLN, many.attribute(trace).aggregated_BLN
     )
@@ -156,3 +156,22 @@ def test_kernel_shap_and_lime_are_seeded_batch_independent_and_sane(tiny_bert, m
 )
 def test_perturbation_methods_conform(method):
     check_attributor(method)
+
+
+@pytest.mark.parametrize("method", [Occlusion, Lime])
+def test_perturbed_inputs_run_in_passes_within_the_token_budget(tiny_bert, method):
+    """Passes of ``chunk_tokens`` tokens at most, whatever the example's length: a long input
+    gets fewer perturbed inputs per pass."""
+    loaded, trace = float64_trace(tiny_bert)
+    shapes = []
+    loaded.model.register_forward_pre_hook(
+        lambda _m, _args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
+        with_kwargs=True,
+    )
+    budget = 40
+    params = {"chunk_tokens": str(budget), **({"samples": "20"} if method is Lime else {})}
+    method().configure(params).attribute(trace)
+    lengths = {int(n) for n in trace.batch.attention_mask_BN.sum(dim=1)}
+    assert {n for _, n in shapes} == lengths
+    assert all(rows * n <= budget or rows == 1 for rows, n in shapes)
+    assert any(rows > 1 for rows, _ in shapes)

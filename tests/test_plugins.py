@@ -402,7 +402,7 @@ def test_evaluator_plugins_score_and_fail_alone(tiny_bert, run_cli, tmp_path, wi
 
 def test_parameters_make_their_own_rows(tiny_bert, run_cli, tmp_path, wide):
     specs = "rollout,rollout:residual=0.7,attention:residual=0.5,integrated-gradients:steps=2,"
-    specs += "internal_batch_size=4,saliency"
+    specs += "chunk_tokens=40,saliency"
     document, out, _ = run_json(
         run_cli,
         tmp_path,
@@ -418,7 +418,7 @@ def test_parameters_make_their_own_rows(tiny_bert, run_cli, tmp_path, wide):
         "rollout",
         "rollout:residual=0.7",
         "attention:residual=0.5",
-        "integrated-gradients:steps=2,internal_batch_size=4",
+        "integrated-gradients:steps=2,chunk_tokens=40",
         "saliency",
         "random",  # added as the floor
     ]

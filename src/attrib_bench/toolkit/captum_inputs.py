@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 def scored_forward(loaded: LoadedModel) -> Callable[..., torch.Tensor]:
     """The target logits (B, C), or with ``foils`` the contrastive score (Captum expands every
-    argument per step: the target positions too)."""
+    argument per step: the target positions too). The model runs under sdpa
+    (``LoadedModel.fast_attention``): no caller reads attention probabilities."""
 
     def forward(
         input_ids,
@@ -36,11 +37,12 @@ def scored_forward(loaded: LoadedModel) -> Callable[..., torch.Tensor]:
         foils=None,
     ):
         optional = {"token_type_ids": token_type_ids, "position_ids": position_ids}
-        out = loaded.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            **{name: value for name, value in optional.items() if value is not None},
-        )
+        with loaded.fast_attention():
+            out = loaded.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                **{name: value for name, value in optional.items() if value is not None},
+            )
         logits = loaded.target_logits(out.logits, positions)
         return logits if foils is None else target_score(logits, classes, foils)
 

@@ -181,7 +181,8 @@ def forward_erased(
     variants' special-token mask ``special_VN``).
 
     ``target_logits`` is ``attrib_bench.model.load.target_logits``, passed in by the caller:
-    the toolkit sits below the model layer and may not import it.
+    the toolkit sits below the model layer and may not import it. The model runs under sdpa
+    (``LoadedModel.fast_attention``): an erased input is read for its logits alone.
     """
 
     handle = None
@@ -194,7 +195,7 @@ def forward_erased(
     if removal in ("delete", "retokenize"):
         positions_V = trace.target.positions(erased["attention_mask"])
     try:
-        with torch.no_grad():
+        with torch.no_grad(), trace.loaded.fast_attention():
             logits = trace.model(**erased).logits
     finally:
         if handle is not None:
