@@ -74,3 +74,27 @@ def test_more_processes_than_batches_is_one_line(tiny_bert, tmp_path):
     assert len(ours) == 1, done.stderr[-3000:]
     assert "holds no example" in ours[0] and "process(es)" in ours[0]
     assert "internal error" not in done.stderr and "exitcode  : 4" not in done.stderr
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_launcher_without_accelerate_is_one_line(tiny_bert, run_cli, monkeypatch, rank):
+    """Under a launcher without the distributed extra, each process died importing
+    accelerate: a traceback from every one, exit 4. Rank 0 now says it in one line, exit 2,
+    and the others exit 2 quietly (the launcher's environment, not a real launch)."""
+    for name, value in (("WORLD_SIZE", "2"), ("RANK", rank), ("LOCAL_RANK", rank)):
+        monkeypatch.setenv(name, value)
+    # not installed: every import of it fails, also of a submodule transformers imported already
+    for name in [m for m in sys.modules if m.split(".")[0] == "accelerate"] + ["accelerate"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    arguments = ("run", "--model", tiny_bert, "--limit", "2", "--no-cache", "--quiet")
+    if rank == "0":
+        code, _, err = run_cli(*arguments)
+        assert code == 2, err
+        assert err.strip() == (
+            "error: a run under torchrun or accelerate launch needs Accelerate: pip install "
+            "'attrib-bench[distributed]'"
+        )
+    else:
+        with pytest.raises(SystemExit) as exited:
+            run_cli(*arguments)
+        assert exited.value.code == 2

@@ -43,15 +43,20 @@ def refuse(message: str) -> NoReturn:
 
 
 def _state(device: str) -> tuple[Any, str]:
-    """Accelerate's process state (the process group joined) and this process's device."""
+    """Accelerate's process state (the process group joined) and this process's device.
+
+    Without Accelerate every process finds it missing alike: rank 0 says so in one line (the
+    others exit 2 quietly), before any process imports from it (a traceback from each before).
+    """
+    import torch
+
     try:
-        import torch
         from accelerate import PartialState
-    except ImportError as error:
-        raise UsageError(
+    except ImportError:
+        refuse(
             "a run under torchrun or accelerate launch needs Accelerate: pip install "
             "'attrib-bench[distributed]'"
-        ) from error
+        )
     gpus = device in ("auto", "cuda") and torch.cuda.is_available()
     state = PartialState(cpu=not gpus)
     return state, f"cuda:{state.local_process_index}" if gpus else "cpu"
@@ -59,8 +64,6 @@ def _state(device: str) -> tuple[Any, str]:
 
 def run_sharded(plan: RunPlan, quiet: bool) -> dict[str, Any] | None:
     """This process's shard of ``plan``; the merged result on rank 0, None on the others."""
-    from accelerate.utils import gather_object
-
     from attrib_bench.results import Result, merge
     from attrib_bench.runner.config import build_model
     from attrib_bench.runner.models import run_config
@@ -70,6 +73,8 @@ def run_sharded(plan: RunPlan, quiet: bool) -> dict[str, Any] | None:
     if plan.config.models:
         refuse("a run over several models (--models) runs in one process")
     state, device = _state(plan.config.device)
+    from accelerate.utils import gather_object  # installed: _state found Accelerate
+
     main = state.is_main_process
     with state.main_process_first():  # one fine-tune, the others read it from the cache
         plan = build_model(plan, quiet=quiet or not main)
