@@ -816,6 +816,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _plain_bars_off(getattr(args, "quiet", False)):
             if args.command in HEAVY_COMMANDS:
+                from attrib_bench.preflight import check_arguments
+
+                check_arguments(args)  # before torch and transformers: a typo answers at once
                 _quiet_libraries()
             return int(COMMANDS[args.command](args, out))
     except UsageError as error:

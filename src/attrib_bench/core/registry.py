@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import sys
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -23,9 +23,9 @@ from attrib_bench.core.architecture_spec import ArchitectureSpec, needs_problem
 from attrib_bench.core.console import warn
 from attrib_bench.core.errors import UsageError, unknown_choice
 from attrib_bench.core.interfaces import Attributor, Evaluator, ModelEvaluator, compares_models
+from attrib_bench.core.plugin_names import ENTRY_POINT_GROUP, write_listing
 from attrib_bench.core.trace_fields import BUILTIN_FIELDS, TraceField
 
-ENTRY_POINT_GROUP = "attrib_bench"
 #: The source the registry names for the built-in trace fields (captured by the core).
 BUILTIN_SOURCE = "attrib-bench (built-in)"
 
@@ -131,10 +131,14 @@ def _import_file(path: Path) -> ModuleType:
     return module
 
 
-def _plugin_manager(plugin_files: Sequence[Path], registry: Registry) -> pluggy.PluginManager:
+def _plugin_manager(
+    entry_points: Iterable[importlib.metadata.EntryPoint],
+    plugin_files: Sequence[Path],
+    registry: Registry,
+) -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+    for ep in entry_points:
         dist = ep.dist.name if ep.dist is not None else "unknown distribution"
         version = ep.dist.version if ep.dist is not None else "?"
         source = f"{dist} {version} ({ep.name} = {ep.value})"
@@ -248,7 +252,8 @@ def load_registry(plugin_files: Sequence[Path | str] = ()) -> Registry:
     """Discover every installed plugin plus ``plugin_files`` and index their objects by name
     (model families by ``model_type``). Trace fields come first: ``requires`` may name them."""
     registry = Registry()
-    pm = _plugin_manager([Path(p) for p in plugin_files], registry)
+    entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    pm = _plugin_manager(entry_points, [Path(p) for p in plugin_files], registry)
     registry.trace_fields = _collect_trace_fields(pm)
     fields = list(registry.trace_fields)
     registry.attributors = _collect(
@@ -258,4 +263,8 @@ def load_registry(plugin_files: Sequence[Path | str] = ()) -> Registry:
         pm, "attrib_bench_evaluators", "evaluator", (Evaluator, ModelEvaluator), fields
     )
     registry.architectures = _collect_architectures(pm)
+    if not plugin_files:  # the names the CLI checks before it imports torch
+        write_listing(
+            entry_points, registry.attributors, registry.evaluators, bool(registry.broken)
+        )
     return registry

@@ -32,11 +32,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-
-import torch
+from typing import TYPE_CHECKING
 
 from attrib_bench.core.errors import UsageError
-from attrib_bench.core.interfaces import Example
+
+if TYPE_CHECKING:  # torch loads with the first tensor: the CLI parses --target before it
+    import torch
+
+    from attrib_bench.core.interfaces import Example
 
 POSITIONS = ("auto", "first", "last")
 #: What ``position=auto`` may resolve to (an ``ArchitectureSpec.target_position``).
@@ -188,6 +191,8 @@ class Target:
 
     def positions(self, mask_BN: torch.Tensor) -> torch.Tensor:
         """The target token of each example, (B,) long: 0, or its last real token."""
+        import torch
+
         if self.position == "auto":
             raise ValueError("resolve position=auto first (Target.resolved)")
         if self.position == "first":
@@ -217,6 +222,8 @@ class Target:
         ``classes_B`` are the leading classes (``classes``), ``example_foils_B`` the examples'
         own foils (``Batch.foils``). A foil equal to its gold class is a UsageError.
         """
+        import torch
+
         if self.score != "contrastive":
             return None
         count = logits_BC.shape[-1]
