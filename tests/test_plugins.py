@@ -152,6 +152,62 @@ def test_entry_point_plugin_that_fails_to_import_is_skipped(run_cli, tmp_path, m
     assert {"attention", "saliency"} <= names
 
 
+def test_a_third_party_method_joins_no_default_set(run_cli, tmp_path, monkeypatch):
+    """Installing a plugin (or loading a --plugin file) leaves the default set alone: it is
+    attrib-bench's own methods; the others are listed as left out and run when named."""
+    from attrib_bench.core.registry import load_registry
+
+    decay = POSITION_DECAY.format(name="decay")
+    site = make_site(tmp_path / "site", "my_attrib_plugin", "my_attrib_plugin", decay)
+    monkeypatch.syspath_prepend(str(site))
+    local = write_module(tmp_path / "local.py", POSITION_DECAY.format(name="local-decay"))
+    registry = load_registry([local])
+    assert registry.attributors["attention"].shipped
+    assert not registry.attributors["decay"].shipped
+    assert not registry.attributors["local-decay"].shipped
+    defaults = registry.defaults("attributors")
+    assert "attention" in defaults and "hta" not in defaults  # in_default_run still counts
+    assert "decay" not in defaults and "local-decay" not in defaults
+    assert registry.left_out_of_default() == ["decay", "local-decay"]
+    assert "decay" in registry.attributor("decay").name  # named, it runs
+    code, out, err = run_cli("list", "--json")
+    assert code == 0, err
+    listed = {a["name"]: a["default_run"] for a in json.loads(out)["attributors"]}
+    assert listed["decay"] is False and listed["attention"] is True
+
+
+def test_a_default_run_records_its_set_and_names_what_it_left_out(
+    tiny_bert, run_cli, tmp_path, monkeypatch
+):
+    from attrib_bench.core.registry import load_registry
+    from attrib_bench.results import SCHEMA_PATH
+
+    decay = POSITION_DECAY.format(name="decay")
+    site = make_site(tmp_path / "site", "my_attrib_plugin", "my_attrib_plugin", decay)
+    monkeypatch.syspath_prepend(str(site))
+    document, _, err = run_json(
+        run_cli, tmp_path, "--model", tiny_bert, "--limit", "2", "--batch-size", "2", "--quiet"
+    )
+    defaults = load_registry().defaults("attributors")
+    assert set(document["methods"]) == {*defaults, "saliency"} - {"decay"}
+    assert document["provenance"]["default_attributors"] == {
+        "used": True,
+        "names": defaults,
+        "left_out": ["decay"],
+    }
+    (line,) = [line for line in err.splitlines() if "not in the default run" in line]
+    assert ": decay; name them to run them: --attributors" in line
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text())).validate(document)
+
+    named, _, err = run_json(
+        run_cli, tmp_path, "--model", tiny_bert, "--limit", "2", "--quiet",
+        "--attributors", "decay", "--evaluators", "spearman", name="named.json",
+    )  # fmt: skip
+    assert "decay" in named["methods"] and "not in the default run" not in err
+    assert named["provenance"]["default_attributors"]["used"] is False
+
+
 # ------------------------------------------------------------------------------ name clashes
 
 CLASH_WITH_ATTENTION = """

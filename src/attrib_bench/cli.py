@@ -401,7 +401,9 @@ def _list(args: argparse.Namespace, out: Console) -> int:
                 "name": name,
                 "description": reg.obj.description,
                 "parameters": _parameters(reg.obj),
-                "default_run": bool(getattr(reg.obj, "in_default_run", True)),
+                # A third party's attributor runs only when named (Registry.defaults).
+                "default_run": bool(getattr(reg.obj, "in_default_run", True))
+                and (reg.shipped or kind != "attributors"),
                 # A ModelEvaluator: scored in runs over several models (--models) only.
                 "compares_models": compares_models(reg.obj),
                 "plugin": reg.source,
@@ -421,7 +423,8 @@ def _list(args: argparse.Namespace, out: Console) -> int:
         table = Table(
             title=kind,
             title_justify="left",
-            caption="default run: no = runs only when selected by name (costly)",
+            caption="default run: no = runs only when selected by name (costly, or not "
+            "shipped with attrib-bench)",
             caption_justify="left",
         )
         # Fold what does not fit (a long default): a cut cell would hide the value.
@@ -466,7 +469,7 @@ def _run_config(args: argparse.Namespace):
 
 def _run(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.api import run_plan
-    from attrib_bench.reports.leaderboard import leaderboard, models_table
+    from attrib_bench.reports.leaderboard import leaderboard, left_out_line, models_table
     from attrib_bench.results import check_writable, exit_status
     from attrib_bench.runner.cache import hits_line
     from attrib_bench.runner.config import plan_run
@@ -492,6 +495,8 @@ def _run(args: argparse.Namespace, out: Console) -> int:
     return ExitCode.OK if exit_status(document) else ExitCode.PARTIAL
 
 
+    if (left_out := left_out_line(document)) is not None:
+        stderr.print(left_out, highlight=False, markup=False, soft_wrap=True)
 def _check(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.api import check
     from attrib_bench.reports.gate import gate_markdown

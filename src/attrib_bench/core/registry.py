@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import re
 import sys
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from attrib_bench.core.trace_fields import BUILTIN_FIELDS, TraceField
 
 #: The source the registry names for the built-in trace fields (captured by the core).
 BUILTIN_SOURCE = "attrib-bench (built-in)"
+#: The distribution whose methods make up the default run (its own entry points).
+DISTRIBUTION = "attrib-bench"
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,13 @@ class Registered:
     obj: Any
     source: str
 
+    @property
+    def shipped(self) -> bool:
+        """Registered by attrib-bench's own distribution (``source`` starts with the
+        distribution's name), not by a third party's package nor a ``--plugin`` file."""
+        distribution = self.source.partition(" ")[0]
+        return re.sub(r"[-_.]+", "-", distribution).lower() == DISTRIBUTION
+
 
 @dataclass
 class Registry:
@@ -76,16 +86,30 @@ class Registry:
     broken: dict[str, str] = field(default_factory=dict)
 
     def defaults(self, kind: str) -> list[str]:
-        """Names run when none are selected: all but those marked ``in_default_run = False``.
+        """Names run when none are selected: all but those marked ``in_default_run = False``,
+        and of the attributors only those attrib-bench ships (``Registered.shipped``), so that
+        installing a plugin never changes what a plain run compares: a third party's method
+        runs when named.
 
         ``kind`` is "attributors", "evaluators" (those scoring one model's attributions) or
         "model_evaluators" (those comparing models, for runs over several: ModelEvaluator).
         """
         table = self.attributors if kind == "attributors" else self.evaluators
-        if kind != "attributors":
+        if kind == "attributors":
+            table = {n: r for n, r in table.items() if r.shipped}
+        else:
             wanted = kind == "model_evaluators"
             table = {n: r for n, r in table.items() if compares_models(r.obj) == wanted}
         return [n for n, reg in sorted(table.items()) if getattr(reg.obj, "in_default_run", True)]
+
+    def left_out_of_default(self) -> list[str]:
+        """Attributors that would run by default were they shipped: a third party's package's
+        or a ``--plugin`` file's, which a run takes only when named."""
+        return [
+            n
+            for n, reg in sorted(self.attributors.items())
+            if not reg.shipped and getattr(reg.obj, "in_default_run", True)
+        ]
 
     def architecture_specs(self) -> dict[str, ArchitectureSpec]:
         """The model families, as ``load_model`` takes them."""

@@ -295,3 +295,18 @@ def models_table(document: dict[str, Any]) -> Table | None:
         values = [entry["last_layer"][spec][by] for entry in section["per_model"]]
         table.add_row(spec, *(signed(v) for v in values))
     return table
+
+
+def left_out_line(document: dict[str, Any]) -> str | None:
+    """One line naming the installed methods a default run left out (a third party's, or a
+    ``--plugin`` file's) and how to run them; None when the run named its methods or left
+    nothing out."""
+    default = document.get("provenance", {}).get("default_attributors")
+    if not default or not default["used"] or not default["left_out"]:
+        return None
+    names = ", ".join(default["left_out"])
+    return (
+        f"not in the default run (not shipped with attrib-bench): {names}; name them to run "
+        "them: --attributors NAME,... (with the default methods wanted) or a config file's "
+        "attributors"
+    )

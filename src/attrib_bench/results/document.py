@@ -149,6 +149,14 @@ def build_result(
             "seed": config.seed,
             "hardware": hardware(loaded.device),
             "evaluator_plugins": {n: reg.source for n, reg in registry.evaluators.items()},
+            # The set a run without --attributors takes (attrib-bench's own), whether this run
+            # took it, and the installed methods it leaves out: installing a plugin never
+            # changes a plain run silently.
+            "default_attributors": {
+                "used": config.attributors is None,
+                "names": registry.defaults("attributors"),
+                "left_out": registry.left_out_of_default(),
+            },
         },
         "reference": config.reference,
         "target": prepared.target.to_dict(),

@@ -299,6 +299,8 @@ class FileAttributor:
     """An attributor whose scores are read from a file: no computation, no trace fields."""
 
     requires: frozenset[str] = frozenset()
+    #: Runs only in the ``evaluate`` that reads it: not a method a default run left out.
+    in_default_run = False
 
     def __init__(self, name: str, method: FileMethod, source: Path, own: Any = None) -> None:
         self.name = name
