@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from attrib_bench.analyses.similarity import (
+    MEASURES,
     Features,
     SimilarityConfig,
     compare,
@@ -481,6 +482,65 @@ def test_learned_maps_on_the_diagonal(tiny_bert, run_cli, tmp_path):
         matrix = measures[name]
         assert all(matrix[i][i] is not None for i in range(4)), name
         assert all(matrix[i][j] is None for i in range(4) for j in range(4) if i != j), name
+
+
+def _without_freia(monkeypatch) -> None:
+    """FrEIA not installed: every import of it fails, also of a submodule imported already."""
+    for name in [m for m in sys.modules if m.split(".")[0] == "FrEIA"] + ["FrEIA"]:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_without_freia_the_default_maps_skip_the_inn_and_say_so(
+    tiny_bert, run_cli, tmp_path, monkeypatch
+):
+    """The default maps include the INN: without FrEIA the command failed, now the other maps
+    and measures run, one warning names the extra and the report records the skip."""
+    _without_freia(monkeypatch)
+    output = tmp_path / "no-inn.json"
+    code, _, err = _similarity(run_cli, tiny_bert, output, "--limit", "12")
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if "warning:" in line]
+    assert len(warnings) == 1 and "attrib-bench[similarity]" in warnings[0], err
+    report = json.loads(output.read_text())
+    assert list(report["skipped_maps"]) == ["inn"]
+    assert "attrib-bench[similarity]" in report["skipped_maps"]["inn"]
+    assert report["config"]["maps"] == ["linear", "mlp"]
+    measures = report["pairs"][0]["measures"]
+    assert "linear_r2" in measures and "mlp_r2" in measures
+    assert not any(name.startswith("inn_") for name in measures)
+
+
+@pytest.mark.parametrize("maps", ["inn", "linear,inn"])
+def test_asking_for_the_inn_without_freia_is_one_line(
+    tiny_bert, run_cli, tmp_path, monkeypatch, maps
+):
+    _without_freia(monkeypatch)
+    code, _, err = _similarity(run_cli, tiny_bert, tmp_path / "x.json", "--maps", maps)
+    assert code == 2 and "attrib-bench[similarity]" in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--maps", "linear,nope"], "unknown alignment map 'nope'"),
+        (["--maps", ","], "--maps needs at least one"),
+        (["--maps", "linear", "--no-learned"], "--no-learned"),
+    ],
+)
+def test_bad_maps_are_one_line(tiny_bert, run_cli, tmp_path, extra, message):
+    code, _, err = _similarity(run_cli, tiny_bert, tmp_path / "x.json", *extra)
+    assert code == 2 and message in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_the_maps_asked_for_are_the_maps_fitted(tiny_bert, run_cli, tmp_path):
+    output = tmp_path / "linear.json"
+    code, _, err = _similarity(run_cli, tiny_bert, output, "--limit", "12", "--maps", "linear")
+    assert code == 0, err
+    report = json.loads(output.read_text())
+    assert report["skipped_maps"] == {} and report["config"]["maps"] == ["linear"]
+    assert list(report["pairs"][0]["measures"]) == [*MEASURES, "linear_mse", "linear_r2"]
 
 
 def test_cca_measures_are_undefined_when_the_sentences_are_too_few():

@@ -325,6 +325,11 @@ def build_parser() -> argparse.ArgumentParser:
     similar.add_argument(
         "--no-learned", action="store_true", help="skip the learned alignment maps"
     )
+    similar.add_argument(
+        "--maps",
+        help="learned maps, comma-separated: linear,mlp,inn (default: all; inn skipped, with a "
+        "warning, without FrEIA)",
+    )
     similar.add_argument("--debiased", action="store_true", help="add debiased linear CKA")
     similar.add_argument(
         "--rbf-threshold", type=float, default=1.0, help="RBF sigma / median distance (1.0)"
@@ -745,6 +750,7 @@ def _similarity(args: argparse.Namespace, out: Console) -> int:
         token_level=args.token_level,
         all_pairs=args.all_pairs,
         learned=not args.no_learned,
+        maps=None if args.maps is None else [m.strip() for m in args.maps.split(",") if m.strip()],
         debiased=args.debiased,
         rbf_threshold=args.rbf_threshold,
         svcca_keep=args.svcca_keep,

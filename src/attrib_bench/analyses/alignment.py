@@ -149,7 +149,8 @@ def _linear_start(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
         linear.bias.copy_(bias)
 
 
-def _import_freia():
+def import_freia():
+    """FrEIA's framework and modules; a UsageError naming the extra when it is missing."""
     try:
         import FrEIA.framework as ff
         import FrEIA.modules as fm
@@ -166,7 +167,7 @@ class _INN(nn.Module):
 
     def __init__(self, dim: int, hidden: int, blocks: int, clamp: float):
         super().__init__()
-        ff, fm = _import_freia()
+        ff, fm = import_freia()
 
         def subnet(d_in: int, d_out: int) -> nn.Module:
             net = nn.Sequential(

@@ -31,7 +31,7 @@ import scipy.linalg
 import torch
 
 from attrib_bench.core import console
-from attrib_bench.core.errors import UsageError
+from attrib_bench.core.errors import UsageError, unknown_choice
 
 MEASURES = ("linear_cka", "rbf_cka", "svcca", "pwcca", "procrustes", "linreg_r2")
 LEARNED_MAPS = ("linear", "mlp", "inn")
@@ -246,6 +246,9 @@ class SimilarityConfig:
     token_level: bool = False
     all_pairs: bool = False
     learned: bool = True
+    #: The learned maps to fit; None: every one of LEARNED_MAPS whose package is installed
+    #: (``inn`` is skipped without FrEIA, see ``resolve_maps``).
+    maps: list[str] | None = None
     debiased: bool = False
     rbf_threshold: float = 1.0
     svcca_keep: float = 0.9
@@ -353,8 +356,12 @@ def measure_names(config: SimilarityConfig) -> list[str]:
     if config.debiased:
         names.insert(1, "linear_cka_debiased")
     if config.learned:
-        names += [f"{m}_{metric}" for m in LEARNED_MAPS for metric in ("mse", "r2")]
+        names += [f"{m}_{metric}" for m in _maps(config) for metric in ("mse", "r2")]
     return names
+
+
+def _maps(config: SimilarityConfig) -> tuple[str, ...]:
+    return LEARNED_MAPS if config.maps is None else tuple(config.maps)
 
 
 def _fit_alignments():
@@ -366,6 +373,37 @@ def _fit_alignments():
             "pass --no-learned to skip them"
         ) from None
     return fit_alignments
+
+
+def resolve_maps(config: SimilarityConfig) -> dict[str, str]:
+    """Set ``config.maps`` to the learned maps that will run, before the slow part, and return
+    the default maps skipped with why: the default set drops ``inn`` without FrEIA (one
+    warning) so that the other measures still run, while a map asked for by name must run (its
+    missing package is one line, exit 2)."""
+    if not config.learned:
+        if config.maps is not None:
+            raise UsageError("--maps chooses learned maps, which --no-learned skips: give one")
+        return {}
+    _fit_alignments()  # the alignment module imports
+    from attrib_bench.analyses.alignment import import_freia
+
+    if config.maps is not None:
+        if not config.maps:
+            raise UsageError(f"--maps needs at least one of {', '.join(LEARNED_MAPS)}")
+        for name in config.maps:
+            if name not in LEARNED_MAPS:
+                raise unknown_choice("alignment map", name, LEARNED_MAPS)
+        if "inn" in config.maps:
+            import_freia()
+        return {}
+    skipped = {}
+    try:
+        import_freia()
+    except UsageError as error:
+        skipped["inn"] = str(error)
+        console.warn(f"{error}; the 'inn' map is skipped, the other maps and measures run")
+    config.maps = [name for name in LEARNED_MAPS if name not in skipped]
+    return skipped
 
 
 def compare(fx: Features, fy: Features, config: SimilarityConfig, bar=None, task=None) -> dict:
@@ -397,7 +435,7 @@ def compare(fx: Features, fy: Features, config: SimilarityConfig, bar=None, task
                     torch.from_numpy(x[test]).float(),
                     torch.from_numpy(y[test]).float(),
                     seed=config.seed,
-                    maps=LEARNED_MAPS,
+                    maps=_maps(config),
                 )
                 for name, scores in learned.items():
                     for metric in ("mse", "r2"):
@@ -446,8 +484,7 @@ def run_similarity(config: SimilarityConfig, quiet: bool = False) -> dict:
             f"--max-gram-rows must be at least 4 (debiased CKA needs 4 rows), or 0 for no cap, "
             f"got {config.max_gram_rows}"
         )
-    if config.learned:
-        _fit_alignments()  # fail before the slow part
+    skipped_maps = resolve_maps(config)  # fail before the slow part
     data = load_examples(
         config.dataset,
         config.split,
@@ -524,6 +561,7 @@ def run_similarity(config: SimilarityConfig, quiet: bool = False) -> dict:
             "rows": sum(features[unique[0]].rows_per_sentence),
         },
         "gram_subsample": gram_subsample(sum(features[unique[0]].rows_per_sentence), config),
+        "skipped_maps": skipped_maps,
         "models": [
             {
                 "name": name,
