@@ -50,6 +50,8 @@ CHILD = textwrap.dedent(
     """
     import contextlib, io, json, sys
     from attrib_bench.cli import main
+    from attrib_bench.core.cache_dir import cache_root
+    from attrib_bench.core.plugin_names import LISTING_FILE
 
     answers = []
     for argv in json.loads(sys.argv[1]):
@@ -57,7 +59,12 @@ CHILD = textwrap.dedent(
         with contextlib.redirect_stderr(err):
             answers.append((main(argv), err.getvalue()))
     heavy = [m for m in ("torch", "transformers", "datasets") if m in sys.modules]
-    print(json.dumps({"answers": answers, "heavy": heavy}))
+    # Without a listing, a full registry load answers: torch and the plugins, nothing more.
+    (cache_root() / LISTING_FILE).unlink()
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        unlisted = (main(["run", "--attributors", "nosuch"]), err.getvalue())
+    loaded = [m for m in ("torch", "transformers", "datasets") if m in sys.modules]
+    print(json.dumps({"answers": answers, "heavy": heavy, "unlisted": unlisted, "loaded": loaded}))
     """
 )
 
@@ -79,6 +86,9 @@ def test_usage_errors_come_before_torch_and_transformers_are_imported(tmp_path):
         assert message.startswith("error: ") and expected in message, (argv, message)
         assert message.count("\n") == 1, (argv, message)  # one line, no traceback
     assert report["heavy"] == []
+    code, message = report["unlisted"]
+    assert code == 2 and message.startswith("error: unknown attributor 'nosuch'")
+    assert report["loaded"] == ["torch"]
 
 
 def namespace(**given) -> argparse.Namespace:
@@ -88,11 +98,13 @@ def namespace(**given) -> argparse.Namespace:
 def test_hub_ids_and_names_the_listing_cannot_vouch_for_are_left_to_the_run():
     check_arguments(namespace(model="some-org/no-such-model", dataset="glue/sst2"))
     assert plugin_names.read_listing() is None  # this test's cache has none yet
-    check_arguments(namespace(attributors=["nosuch"]))  # the full load will say it
-    load_registry()
     with pytest.raises(UsageError, match="unknown attributor 'nosuch'"):
-        check_arguments(namespace(attributors=["nosuch"]))
+        check_arguments(namespace(attributors=["nosuch"]))  # a full load, which writes one
+    assert plugin_names.read_listing() is not None
     check_arguments(namespace(attributors=["nosuch"], plugin=[__file__]))  # a file may add it
+    installed = importlib.metadata.entry_points(group=plugin_names.ENTRY_POINT_GROUP)
+    plugin_names.write_listing(installed, ["a"], ["b"], broken=True)
+    check_arguments(namespace(attributors=["nosuch"]))  # maybe the broken plugin's
 
 
 def test_the_listing_holds_the_registry_names_until_a_plugin_file_changes(tmp_path, monkeypatch):
@@ -117,9 +129,7 @@ def test_the_listing_holds_the_registry_names_until_a_plugin_file_changes(tmp_pa
     assert listing is not None
     assert listing.attributors == set(registry.attributors)
     assert listing.evaluators == set(registry.evaluators)
-    installed = importlib.metadata.entry_points(group=plugin_names.ENTRY_POINT_GROUP)
-    plugin_names.write_listing(installed, ["a"], ["b"], broken=True)
-    assert plugin_names.read_listing() is None  # a plugin failed to import: no verdicts
+    assert not listing.broken
 
 
 def test_data_suffixes_are_the_loaders():

@@ -2,8 +2,10 @@
 
 Those imports take seconds, a minute on a loaded machine, and a typo used to cost them before
 its one-line answer. Everything here reads only the arguments, the file system and the plugin
-names listing (attrib_bench.core.plugin_names); what needs a model, the data or a plugin
-file's own names is still checked by the run, as before. Messages are the run's own.
+names listing (attrib_bench.core.plugin_names; without a fresh one, method names cost a
+registry load: torch and the plugins, not transformers nor the data); what needs a model, the
+data or a plugin file's own names is still checked by the run, as before. Messages are the
+run's own.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attrib_bench.core.errors import UsageError, unknown_choice
-from attrib_bench.core.plugin_names import read_listing
+from attrib_bench.core.plugin_names import Listing, read_listing
 from attrib_bench.core.target import Target
 
 #: The commands whose settings are a RunConfig's (attrib_bench.runner.engine.prepare's checks).
@@ -54,12 +56,24 @@ def _missing_dataset(name: str) -> bool:
 
 def _check_names(args: argparse.Namespace) -> None:
     """Unknown attributor and evaluator names, from the listing of the installed plugins'
-    names; nothing when plugin files (``--plugin``, or a ``--config`` that may list some)
-    add names, or when the listing is stale (the run's full load answers then)."""
+    names; without one (stale or absent), from a full registry load now (torch and the
+    plugins, not yet transformers and the data). Nothing when plugin files (``--plugin``, or a
+    ``--config`` that may list some) add names, or a plugin failed to import (its names are
+    unknown): the run's own checks answer then."""
     if getattr(args, "plugin", None) or getattr(args, "config", None) is not None:
+        return
+    given = [getattr(args, key, None) for key in ("attributors", "evaluators", "reference")]
+    if not any(given):
         return
     listing = read_listing()
     if listing is None:
+        from attrib_bench.core.registry import load_registry  # writes the listing, too
+
+        registry = load_registry()
+        listing = Listing(
+            frozenset(registry.attributors), frozenset(registry.evaluators), bool(registry.broken)
+        )
+    if listing.broken:
         return
     for kind, specs, names in (
         ("attributor", getattr(args, "attributors", None), listing.attributors),

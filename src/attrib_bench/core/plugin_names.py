@@ -6,8 +6,8 @@ without plugin files (:func:`attrib_bench.core.registry.load_registry`) writes t
 entry points gave into the cache folder, with a fingerprint of what decides them: the entry
 points; the size and modification time of every Python file of the packages they live in and
 of attrib-bench; and the modification time of the site-packages folders, which an install
-or uninstall changes. :func:`read_listing` returns the names only while that fingerprint holds and
-no plugin failed to import; otherwise None, and the caller leaves the names to the full load.
+or or uninstall changes. :func:`read_listing` returns the names only while that fingerprint holds
+(and says whether a plugin failed to import: then a name missing may be that plugin's).
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ class Listing:
 
     attributors: frozenset[str]
     evaluators: frozenset[str]
+    #: A plugin failed to import: a name missing here may be one of its own.
+    broken: bool = False
 
 
 def fingerprint(entry_points: Iterable[importlib.metadata.EntryPoint]) -> str | None:
@@ -104,15 +106,16 @@ def write_listing(
 
 
 def read_listing() -> Listing | None:
-    """The names of the last full load, if nothing they depend on changed since and every
-    plugin imported then; else None."""
+    """The names of the last full load if nothing they depend on changed since; else None."""
     try:
         document = json.loads((cache_root() / LISTING_FILE).read_text())
-        stored, broken = document["fingerprint"], document["broken"]
-        listing = Listing(frozenset(document["attributors"]), frozenset(document["evaluators"]))
+        stored = document["fingerprint"]
+        listing = Listing(
+            frozenset(document["attributors"]),
+            frozenset(document["evaluators"]),
+            bool(document["broken"]),
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
     entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
-    if broken or stored != fingerprint(entry_points):
-        return None
-    return listing
+    return listing if stored == fingerprint(entry_points) else None
