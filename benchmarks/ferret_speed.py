@@ -1,7 +1,12 @@
 """Speed and memory against ferret 0.4.2, side by side, on the same work (issue 14).
 
 The same model directory (the MiniLM SST-2 classifier of benchmarks/evaluators.py, cached), the
-first ``--limit`` SST-2 dev sentences, the predicted class, and identical settings on both sides:
+first ``--limit`` SST-2 dev sentences, the predicted class, and identical settings on both sides.
+Long inputs (issue 29): ``--reviews N`` takes the first ``--limit`` ERASER movie reviews (val) of
+at least N tokens instead, each cut to its first N - 2 word pieces (the text up to the last one's
+end, kept only where the cut text tokenises to exactly N tokens again), so both sides read the
+same N tokens; ``--loo-tau`` adds ferret's ``TauLOO_Evaluation`` and attrib-bench's
+``loo-tau:removal=retokenize`` (ferret's decode round trip) on both sides.
 
 - ferret 0.4.2, in its own environment (benchmarks/ferret_protocol.py's ``ferret_python``):
   ``Benchmark(model, tokenizer)`` with ``GradientExplainer(multiply_by_inputs=False)``,
@@ -30,7 +35,10 @@ batches (``make_batches``: ``--batch-size`` length-sorted sentences): per batch 
 and one backward pass of the predicted class's logits, summed over the batch, to the
 word-embedding output (gradient, gradient x input: one such pass serves both), and for IG a
 forward pass for the class plus ``steps`` forward+backward passes of the whole batch along the
-path. attrib-bench's per-method seconds are its standalone seconds
+path. Every floor runs PyTorch's scaled-dot-product attention (sdpa), the fastest attention
+torch has on the CPU, as attrib-bench's passes do where no attention probabilities are read
+(attrib_bench.model.attention_kernels); ``--eager-floor`` also times IG's floor with the eager
+attention every model loads with. attrib-bench's per-method seconds are its standalone seconds
 (``methods[spec]["seconds_per_example"]`` times the examples); the ratio to the floor is taken
 per pair (the same load on both), and its median reported.
 
@@ -43,8 +51,12 @@ fresh process after each pair. The full ceiling is ferret's time over startup pl
 no run of this work, by any tool, can beat it by removing work.
 
     python benchmarks/ferret_speed.py [--limit 100] [--repeats 3] [--threads 2]
-        [--batch-size 32] [--model DIR] [--venv DIR]
+        [--batch-size 32] [--reviews N] [--loo-tau] [--eager-floor] [--model DIR] [--venv DIR]
         [--output benchmarks/results/ferret_speed.json]
+
+    # issue 29's long inputs: 24 reviews of 255 tokens, LOO-tau too
+    python benchmarks/ferret_speed.py --limit 24 --reviews 255 --loo-tau --eager-floor \
+        --repeats 1 --output benchmarks/results/ferret_speed_reviews.json
 
 Outputs: the JSON at ``--output`` and the Markdown beside it (.md).
 """
@@ -54,6 +66,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -74,12 +87,14 @@ from attrib_bench.core.cache_dir import cache_root
 from attrib_bench.core.registry import Spec
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import load_examples
+from attrib_bench.model.attention_kernels import EAGER, FAST, attention_implementation
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
 from attrib_bench.results import write_json
 from attrib_bench.toolkit.erasure import CACHE_KEY, erase
 from attrib_bench_plugins.faithfulness import Comprehensiveness, Sufficiency
 from attrib_bench_plugins.gradient import Gradient, IntegratedGradients, Saliency
+from attrib_bench_plugins.loo import LooTau
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STEPS = 50
@@ -97,6 +112,14 @@ EVALUATORS = {
     "comprehensiveness:protocol=ferret": "aopc_compr",
     "sufficiency:protocol=ferret": "aopc_suff",
 }
+#: ``--loo-tau``: attrib-bench's LOO-tau under ferret's decode round trip, ferret's short name.
+LOO_TAU = {"loo-tau:removal=retokenize": "taucorr_loo"}
+#: ferret's evaluator classes by short name.
+FERRET_EVALUATORS = {
+    "aopc_compr": "AOPC_Comprehensiveness_Evaluation",
+    "aopc_suff": "AOPC_Sufficiency_Evaluation",
+    "taucorr_loo": "TauLOO_Evaluation",
+}
 #: The classes behind the specs, for the floor's in-process runs.
 METHOD_CLASSES = {
     "gradient": Gradient,
@@ -106,6 +129,7 @@ METHOD_CLASSES = {
 EVALUATOR_CLASSES = {
     "comprehensiveness:protocol=ferret": Comprehensiveness,
     "sufficiency:protocol=ferret": Sufficiency,
+    "loo-tau:removal=retokenize": LooTau,
 }
 #: Tokens per forward pass of erased inputs (the evaluators' default ``chunk_tokens``).
 CHUNK_TOKENS = 8192
@@ -150,10 +174,10 @@ finally:
 FERRET_SIDE = r"""
 import importlib.metadata, json, sys
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
-from ferret import (AOPC_Comprehensiveness_Evaluation, AOPC_Sufficiency_Evaluation, Benchmark,
-                    GradientExplainer, IntegratedGradientExplainer)
+import ferret
+from ferret import Benchmark, GradientExplainer, IntegratedGradientExplainer
 
-model_dir, sentences_path, output = sys.argv[1:]
+model_dir, sentences_path, output, evaluator_classes = sys.argv[1:]
 model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
 tokenizer = AutoTokenizer.from_pretrained(model_dir)
 bench = Benchmark(
@@ -164,10 +188,7 @@ bench = Benchmark(
         GradientExplainer(model, tokenizer, multiply_by_inputs=True),
         IntegratedGradientExplainer(model, tokenizer),
     ],
-    evaluators=[
-        AOPC_Comprehensiveness_Evaluation(model, tokenizer),
-        AOPC_Sufficiency_Evaluation(model, tokenizer),
-    ],
+    evaluators=[getattr(ferret, name)(model, tokenizer) for name in evaluator_classes.split(",")],
 )
 examples = {}
 for line in open(sentences_path):
@@ -209,9 +230,30 @@ def sentences(limit: int) -> list[dict]:
     return [{"id": e.id, "text": e.text} for e in examples]
 
 
+def reviews(limit: int, length: int, model: str) -> list[dict]:
+    """The first ``limit`` ERASER movie reviews (val) cut to exactly ``length`` tokens with the
+    model's tokenizer (module docstring), with their labels."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    kept = []
+    for example in load_examples(str(DATA / "eraser_movies"), "val").examples:
+        pieces = tokenizer(example.text, add_special_tokens=False, return_offsets_mapping=True)
+        if len(pieces["input_ids"]) < length - 2:
+            continue
+        text = example.text[: pieces["offset_mapping"][length - 3][1]]
+        if len(tokenizer(text)["input_ids"]) == length:
+            kept.append({"id": example.id, "text": text, "label": example.label})
+        if len(kept) == limit:
+            return kept
+    raise SystemExit(f"only {len(kept)} reviews of {length} tokens; lower --limit")
+
+
 def timed(command: list[str], environment: dict[str, str], stats: Path) -> dict:
-    """One fresh process through ``WRAPPER``: wall seconds, its own peak, the load around it."""
+    """One fresh process through ``WRAPPER``: wall seconds, its user and system CPU seconds, its
+    own peak, the load around it."""
     load_before = os.getloadavg()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(
         [command[0], "-c", WRAPPER, str(stats), *command[1:]],
@@ -220,23 +262,31 @@ def timed(command: list[str], environment: dict[str, str], stats: Path) -> dict:
         stdout=subprocess.DEVNULL,
     )
     seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # this child's, waited for
     return {
         "seconds": round(seconds, 2),
+        "user_seconds": round(after.ru_utime - usage.ru_utime, 2),
+        "system_seconds": round(after.ru_stime - usage.ru_stime, 2),
         **json.loads(stats.read_text()),
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
     }
 
 
-def run_ferret(python: Path, model: str, records: Path, folder: Path, environment: dict) -> tuple:
+def run_ferret(
+    python: Path, model: str, records: Path, folder: Path, environment: dict, evaluators: dict
+) -> tuple:
     script, output = folder / "ferret_side.py", folder / "ferret.json"
     script.write_text(FERRET_SIDE)
-    command = [str(python), str(script), model, str(records), str(output)]
+    classes = ",".join(FERRET_EVALUATORS[short] for short in evaluators.values())
+    command = [str(python), str(script), model, str(records), str(output), classes]
     measured = timed(command, environment, folder / "ferret_stats.json")
     return measured, json.loads(output.read_text())
 
 
-def run_ours(model: str, args: argparse.Namespace, folder: Path, environment: dict) -> tuple:
+def run_ours(
+    model: str, args: argparse.Namespace, folder: Path, environment: dict, dataset: Path
+) -> tuple:
     output = folder / "attrib_bench.json"
     specs = [spec for spec, _ in METHODS.values()]
     command = [
@@ -247,7 +297,7 @@ def run_ours(model: str, args: argparse.Namespace, folder: Path, environment: di
         "--model",
         model,
         "--dataset",
-        str(DATA / "sst2"),
+        str(dataset),
         "--split",
         "dev",
         "--limit",
@@ -255,7 +305,7 @@ def run_ours(model: str, args: argparse.Namespace, folder: Path, environment: di
         "--attributors",
         ",".join(specs),
         "--evaluators",
-        ",".join(EVALUATORS),
+        ",".join(args.evaluators),
         "--reference",
         specs[1],
         "--batch-size",
@@ -276,17 +326,30 @@ def run_ours(model: str, args: argparse.Namespace, folder: Path, environment: di
 
 class Floor:
     """The plain passes each method needs at least (module docstring), on the runner's batches,
-    with the model loaded once; ``measure`` times them once. ``evaluators=False`` prepares the
-    method passes alone (benchmarks/gradient_floor.py)."""
+    with the model loaded once; ``measure`` times them once. ``evaluators``: attrib-bench's
+    evaluator specs (``EVALUATORS`` and perhaps ``LOO_TAU``); None prepares the method passes
+    alone (benchmarks/gradient_floor.py). ``eager_floor``: ``measure`` also times IG's floor
+    under eager attention."""
 
-    def __init__(self, model: str, limit: int, batch_size: int, evaluators: bool = True) -> None:
+    def __init__(
+        self,
+        model: str,
+        limit: int,
+        batch_size: int,
+        evaluators: dict[str, str] | None = EVALUATORS,
+        dataset: Path = DATA / "sst2",
+        eager_floor: bool = False,
+    ) -> None:
         self.loaded = load_model(model, "cpu")
-        examples = load_examples(str(DATA / "sst2"), "dev", limit=limit).examples
+        self.eager_floor = eager_floor
+        #: The attention implementation of the method floors' passes.
+        self.attention = FAST
+        examples = load_examples(str(dataset), "dev", limit=limit).examples
         tokenizer, length = self.loaded.tokenizer, self.loaded.max_length
         self.batches, _ = make_batches(examples, tokenizer, batch_size, length)
         self.lookup = self.loaded.model.get_input_embeddings()
         self.gradient(self.batches[0])  # warm-up
-        if not evaluators:
+        if evaluators is None:
             return
         self.methods = [
             METHOD_CLASSES[label]().configure(dict(Spec.parse(spec).params))
@@ -294,7 +357,7 @@ class Floor:
         ]
         self.evaluators = [
             EVALUATOR_CLASSES[spec]().configure(dict(Spec.parse(spec).params))
-            for spec in EVALUATORS
+            for spec in evaluators
         ]
         self.attributions = [
             [self.attribute(m, batch) for m in self.methods] for batch in self.batches
@@ -304,13 +367,15 @@ class Floor:
     def backward(
         self, embedded: torch.Tensor, batch: Batch, classes: torch.Tensor | None
     ) -> torch.Tensor:
-        """One forward and one backward pass of the classes' logits (predicted when None)."""
+        """One forward and one backward pass of the classes' logits (predicted when None), under
+        ``self.attention``."""
         embedded = embedded.detach().requires_grad_()
-        logits = self.loaded.model(
-            inputs_embeds=embedded,
-            attention_mask=batch.attention_mask_BN,
-            token_type_ids=batch.token_type_ids_BN,
-        ).logits
+        with attention_implementation(self.loaded.model, self.attention):
+            logits = self.loaded.model(
+                inputs_embeds=embedded,
+                attention_mask=batch.attention_mask_BN,
+                token_type_ids=batch.token_type_ids_BN,
+            ).logits
         classes = logits.argmax(-1) if classes is None else classes
         torch.autograd.grad(logits.gather(1, classes[:, None]).sum(), embedded)
         return classes
@@ -322,7 +387,7 @@ class Floor:
     def integrated(self, batch: Batch) -> None:
         """The predicted class, then ``STEPS`` passes of the batch along the path."""
         embedded = self.lookup(batch.input_ids_BN).detach()
-        with torch.no_grad():
+        with torch.no_grad(), attention_implementation(self.loaded.model, self.attention):
             classes = self.loaded.model(**batch.model_inputs()).logits.argmax(-1)
         pad = self.loaded.tokenizer.pad_token_id
         keep = batch.special_tokens_mask_BN.bool()
@@ -348,8 +413,10 @@ class Floor:
         for trace, attributions in zip(traces, self.attributions, strict=True):
             for stage in ("plan", "score"):  # as the runner does: every pair's plan first
                 for evaluator in self.evaluators:
+                    run = getattr(evaluator, stage, None)  # plan is optional (loo-tau has none)
                     for method, attribution in zip(self.methods, attributions, strict=True):
-                        getattr(evaluator, stage)(attribution, EvalContext(trace, None, 0, method))
+                        if run is not None:
+                            run(attribution, EvalContext(trace, None, 0, method))
         return time.perf_counter() - start, traces
 
     def distinct_erasures(self) -> dict[int, list[tuple[int, ...]]]:
@@ -370,7 +437,7 @@ class Floor:
     def erasure_passes(self) -> None:
         """The evaluators' floor: forward passes of the distinct erased inputs alone, those of one
         length together (no padding), at most ``CHUNK_TOKENS`` tokens a pass."""
-        with torch.inference_mode():
+        with torch.inference_mode(), attention_implementation(self.loaded.model, FAST):
             for n, sequences in self.erased_inputs.items():
                 step = max(1, CHUNK_TOKENS // n)
                 for start in range(0, len(sequences), step):
@@ -386,6 +453,14 @@ class Floor:
             for batch in self.batches:
                 passes(batch)
             seconds[name] = time.perf_counter() - start
+        eager = {}
+        if self.eager_floor:
+            self.attention = EAGER
+            start = time.perf_counter()
+            for batch in self.batches:
+                self.integrated(batch)
+            eager = {"integrated gradients, eager attention": time.perf_counter() - start}
+            self.attention = FAST
         start = time.perf_counter()
         self.erasure_passes()
         erasures = time.perf_counter() - start
@@ -394,18 +469,19 @@ class Floor:
             "gradient": seconds["gradient"],
             "gradient x input": seconds["gradient"],
             "integrated gradients": seconds["integrated"],
+            **eager,
             "evaluators": erasures,
             "attrib_bench_evaluators": evaluators,
         }
 
 
-def agreement(ours: dict, theirs: dict, tolerance: float) -> list[dict]:
-    """Per method and evaluator, the per-example AOPC differences between the two sides."""
+def agreement(ours: dict, theirs: dict, tolerance: float, evaluators: dict) -> list[dict]:
+    """Per method and evaluator, the per-example score differences between the two sides."""
     ids = ours["example_ids"]
     rows = []
     for label, (spec, explainer) in METHODS.items():
         per_example = ours["methods"][spec]["per_example"]
-        for evaluator, short in EVALUATORS.items():
+        for evaluator, short in evaluators.items():
             values = per_example[evaluator]["aggregated"][0]
             differences = [
                 abs(value - theirs["examples"][i][explainer][short])
@@ -429,11 +505,12 @@ def markdown(result: dict, command: str) -> str:
     lines = [
         "# attrib-bench against ferret 0.4.2: speed and memory on the same work",
         "",
-        f"The first {result['examples']} SST-2 dev sentences, MiniLM-L6 fine-tuned on SST-2 "
+        f"The first {result['examples']} {result['data']}, MiniLM-L6 fine-tuned on SST-2 "
         "(benchmarks/evaluators.py's model), the predicted class; gradient, gradient x input and "
         f"Integrated Gradients ({STEPS} steps) at the word-embedding output, AOPC "
-        "comprehensiveness and sufficiency under ferret's protocol (10%..100%). Each run is a "
-        "fresh process timed end to end (imports and model load included), "
+        "comprehensiveness and sufficiency under ferret's protocol (10%..100%)"
+        + (", LOO-tau (ferret's `taucorr_loo`, its decode round trip)" if setup["loo_tau"] else "")
+        + ". Each run is a fresh process timed end to end (imports and model load included), "
         f"OMP_NUM_THREADS={setup['threads']} (OMP_WAIT_POLICY "
         f"{result['machine']['omp_wait_policy'] or 'unset'}), attrib-bench batch size "
         f"{setup['batch_size']}; "
@@ -443,14 +520,16 @@ def markdown(result: dict, command: str) -> str:
         + ", ".join(f"{k} {v}" for k, v in sorted(result["attrib_bench_environment"].items()))
         + f". CPU: {result['machine']['cpu']}.",
         "",
-        "| pair | side | seconds | peak MB | torch threads | load before | load after |",
-        "|---|---|---|---|---|---|---|",
+        "| pair | side | seconds | user s | system s | peak MB | torch threads | load before "
+        "| load after |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for pair, run in enumerate(runs, 1):
         for side in ("ferret", "attrib-bench"):
             cell = run[side]
             lines.append(
-                f"| {pair} | {side} | {cell['seconds']:.1f} | {cell['peak_rss_mb']:.0f} "
+                f"| {pair} | {side} | {cell['seconds']:.1f} | {cell.get('user_seconds', '')} "
+                f"| {cell.get('system_seconds', '')} | {cell['peak_rss_mb']:.0f} "
                 f"| {cell['torch_threads']} | {cell['load_before'][0]:.2f} "
                 f"| {cell['load_after'][0]:.2f} |"
             )
@@ -476,9 +555,11 @@ def markdown(result: dict, command: str) -> str:
         "method's own time, from the result JSON) against the compute floor measured right after "
         f"each pair (per batch of {setup['batch_size']}: one forward and one backward pass, "
         f"which serve both gradient methods; IG: the forward and {STEPS} forward+backward "
-        "passes of the batch); medians over the pairs. The evaluators' row is attrib-bench's "
-        "two evaluators on the three methods' attributions, timed in the benchmark's process "
-        "on the same batches, against forward passes of the distinct inputs they erase to "
+        "passes of the batch), every floor under sdpa attention, the eager-attention row "
+        "the same IG floor under the eager attention models load with; medians over the pairs. "
+        "The evaluators' row is attrib-bench's evaluators on the three methods' attributions, "
+        "timed in the benchmark's process on the same batches, against forward passes of the "
+        "distinct inputs they erase to "
         "(ferret's round trip done, duplicates over examples, methods and steps dropped), "
         f"those of one length together without padding, at most {CHUNK_TOKENS} tokens a pass.",
         "",
@@ -501,7 +582,7 @@ def markdown(result: dict, command: str) -> str:
     tolerance = setup["tolerance"]
     lines += [
         "",
-        f"Same numbers (last pair): per-example AOPC, ferret against attrib-bench "
+        f"Same numbers (last pair): per-example scores, ferret against attrib-bench "
         f"(examples differing by more than {tolerance:g}).",
         "",
         "| method | evaluator | max abs difference | mean abs difference | over tolerance |",
@@ -527,11 +608,20 @@ def main() -> None:
         default=32,
         help="attrib-bench's (32: larger passes for IG's steps and the pooled erasures than 16)",
     )
-    parser.add_argument("--tolerance", type=float, default=1e-4, help="per-example AOPC")
+    parser.add_argument("--tolerance", type=float, default=1e-4, help="per-example scores")
+    parser.add_argument(
+        "--reviews",
+        type=int,
+        metavar="N",
+        help="ERASER movie reviews cut to N tokens (long inputs)",
+    )
+    parser.add_argument("--loo-tau", action="store_true", help="LOO-tau on both sides too")
+    parser.add_argument("--eager-floor", action="store_true", help="IG's floor also eager")
     parser.add_argument("--model", help="classifier directory (default: fine-tuned, cached)")
     parser.add_argument("--venv", type=Path, default=cache_root() / "ferret-venv")
     parser.add_argument("--output", type=Path, default=RESULTS / "ferret_speed.json")
     args = parser.parse_args()
+    args.evaluators = {**EVALUATORS, **(LOO_TAU if args.loo_tau else {})}
     start = time.perf_counter()
     python, _ = ferret_python(args.venv)
     model = args.model or sst2_model("cpu")
@@ -543,18 +633,29 @@ def main() -> None:
     }
     torch.set_num_threads(args.threads)
     measured_on = machine()
-    floor = Floor(model, args.limit, args.batch_size)
     runs = []
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
         records = folder / "sentences.jsonl"
-        records.write_text("".join(json.dumps(r) + "\n" for r in sentences(args.limit)))
+        if args.reviews:  # attrib-bench reads the same texts as a dataset folder
+            dataset = folder / "reviews"
+            dataset.mkdir()
+            texts = reviews(args.limit, args.reviews, model)
+            (dataset / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in texts))
+        else:
+            dataset, texts = DATA / "sst2", sentences(args.limit)
+        records.write_text("".join(json.dumps(r) + "\n" for r in texts))
+        floor = Floor(
+            model, args.limit, args.batch_size, args.evaluators, dataset, args.eager_floor
+        )
         startup = folder / "startup.py"
         startup.write_text(STARTUP)
-        startup_command = [sys.executable, str(startup), model, str(DATA / "sst2"), str(args.limit)]
+        startup_command = [sys.executable, str(startup), model, str(dataset), str(args.limit)]
         for pair in range(args.repeats):
-            measured_theirs, theirs = run_ferret(python, model, records, folder, environment)
-            measured_ours, ours = run_ours(model, args, folder, environment)
+            measured_theirs, theirs = run_ferret(
+                python, model, records, folder, environment, args.evaluators
+            )
+            measured_ours, ours = run_ours(model, args, folder, environment, dataset)
             measured_ours["method_seconds"] = {
                 label: ours["methods"][spec]["seconds_per_example"] * len(ours["example_ids"])
                 for label, (spec, _) in METHODS.items()
@@ -581,14 +682,21 @@ def main() -> None:
                 flush=True,
             )
     method_rows = []
-    evaluators_label = "both evaluators (the three methods' erasures)"
+    evaluators_label = "the evaluators (the three methods' erasures)"
+    eager_label = "integrated gradients, eager attention"
     for label, spec in [
         *((label, spec) for label, (spec, _) in METHODS.items()),
-        (evaluators_label, ",".join(EVALUATORS)),
+        *([(eager_label, METHODS["integrated gradients"][0])] if args.eager_floor else []),
+        (evaluators_label, ",".join(args.evaluators)),
     ]:
         if label == evaluators_label:  # attrib-bench's, timed in this process (module docstring)
             ours_seconds = [r["floor"]["method_seconds"]["attrib_bench_evaluators"] for r in runs]
             floor_seconds = [r["floor"]["method_seconds"]["evaluators"] for r in runs]
+        elif label == eager_label:  # attrib-bench's IG against the eager floor
+            ours_seconds = [
+                r["attrib-bench"]["method_seconds"]["integrated gradients"] for r in runs
+            ]
+            floor_seconds = [r["floor"]["method_seconds"][label] for r in runs]
         else:
             ours_seconds = [r["attrib-bench"]["method_seconds"][label] for r in runs]
             floor_seconds = [r["floor"]["method_seconds"][label] for r in runs]
@@ -627,7 +735,12 @@ def main() -> None:
     floor_ceilings = [r["ferret"]["seconds"] / floor_total(r) for r in runs]
     result = {
         "model": model,
-        "dataset": "sst2/dev",
+        "dataset": f"eraser_movies/val, {args.reviews} tokens" if args.reviews else "sst2/dev",
+        "data": (
+            f"ERASER movie reviews (val) of {args.reviews} tokens"
+            if args.reviews
+            else "SST-2 dev sentences"
+        ),
         "examples": len(ours["example_ids"]),
         "setup": {
             "threads": args.threads,
@@ -635,7 +748,9 @@ def main() -> None:
             "repeats": args.repeats,
             "tolerance": args.tolerance,
             "methods": {label: spec for label, (spec, _) in METHODS.items()},
-            "evaluators": EVALUATORS,
+            "evaluators": args.evaluators,
+            "loo_tau": args.loo_tau,
+            "reviews": args.reviews,
         },
         "machine": {**measured_on, "load_average_after": [round(x, 2) for x in os.getloadavg()]},
         "ferret_environment": theirs["versions"],
@@ -654,7 +769,7 @@ def main() -> None:
         "methods": method_rows,
         "startup_seconds": [r["startup"]["seconds"] for r in runs],
         "attrib_bench_rest_seconds": [rest(r) for r in runs],
-        "agreement": agreement(ours, theirs, args.tolerance),
+        "agreement": agreement(ours, theirs, args.tolerance, args.evaluators),
         "seconds": round(time.perf_counter() - start, 1),
     }
     write_json(result, args.output)

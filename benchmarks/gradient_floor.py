@@ -8,7 +8,8 @@ Each round, in an order that rotates from round to round so the settings share t
 load, times:
 
 - the floor: one forward and one backward pass per batch (``ferret_speed.Floor.gradient``; one
-  such pass serves both methods);
+  such pass serves both methods), under sdpa attention, as the runner's trace runs when no
+  method reads attention probabilities;
 - the runner's own loop (``attrib_bench.runner.engine.attribution_stream``: the traced forward,
   both methods, each charged its standalone cost), as it runs (glibc's ``malloc_trim`` before
   the trace and each method, so that the kernel's peak sees memory an earlier block freed:
@@ -91,7 +92,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     model = args.model or sst2_model("cpu")
-    floor = Floor(model, args.limit, args.batch_size, evaluators=False)
+    floor = Floor(model, args.limit, args.batch_size, evaluators=None)
     config = RunConfig(
         model=model,
         dataset=str(DATA / "sst2"),

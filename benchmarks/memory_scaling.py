@@ -11,7 +11,16 @@ grows with N is the dataset's own rows and the per-example numbers the result ho
 
     python benchmarks/memory_scaling.py [--sizes 1000,5000,20000] [--model DIR]
         [--methods attention,rollout,saliency] [--evaluators spearman,sufficiency:ratios=0.2]
-        [--output benchmarks/results/memory_scaling.json]
+        [--lengths 256,512 [--reviews 24]] [--output benchmarks/results/memory_scaling.json]
+
+Long inputs (issue 29): ``--lengths`` runs, in a fresh process per length N instead of per size,
+the first ``--reviews`` ERASER movie reviews (``/work/shared/data/eraser_movies``, val: all but a
+few longer than 512 tokens) truncated to N tokens (``--max-length``), so the peak shows what a
+pass of long inputs holds:
+
+    python benchmarks/memory_scaling.py --lengths 256,512 --batch-size 8 \
+        --methods saliency,integrated-gradients --evaluators loo-tau \
+        --output benchmarks/results/memory_scaling_long.json
 
 The model is the cached MiniLM SST-2 classifier of benchmarks/evaluators.py (fine-tuned on
 first use). Writes the JSON and a Markdown table beside it.
@@ -36,7 +45,35 @@ from ferret_speed import timed  # one fresh process: wall seconds and its own pe
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def markdown_lengths(report: dict[str, Any]) -> str:
+    """The table of a ``--lengths`` run: one row per input length."""
+    rows = report["rows"]
+    lines = [
+        "# Resident memory against input length (issue 29)",
+        "",
+        f"`{report['command']}`",
+        "",
+        f"Model: {report['model']}. Data: the first {rows[0]['examples']} ERASER movie reviews "
+        f"(val) truncated to N tokens. Methods: {', '.join(report['methods'])}; evaluators: "
+        f"{', '.join(report['evaluators'])}; batch size {report['batch_size']}, no cache, one "
+        f"fresh process per N. Peak RSS: the process's own VmHWM at exit. Machine: "
+        f"{report['machine']}.",
+        "",
+        "| tokens | peak RSS MB | wall s | s per example | load before | load after |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['tokens']} | {row['peak_rss_mb']:.0f} | {row['seconds']:.0f} | "
+            f"{row['seconds'] / row['examples']:.2f} | {row['load_before'][0]:.2f} | "
+            f"{row['load_after'][0]:.2f} |"
+        )
+    return "\n".join([*lines, ""])
+
+
 def markdown(report: dict[str, Any]) -> str:
+    if "tokens" in report["rows"][0]:
+        return markdown_lengths(report)
     rows = report["rows"]
     first = rows[0]["peak_rss_mb"]
     lines = [
@@ -76,6 +113,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--methods", default="attention,rollout,saliency")
     parser.add_argument("--evaluators", default="spearman,sufficiency:ratios=0.2")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lengths", help="input lengths of movie reviews, e.g. 256,512")
+    parser.add_argument("--reviews", type=int, default=24, help="reviews per --lengths run")
     parser.add_argument("--output", type=Path, default=RESULTS / "memory_scaling.json")
     return parser.parse_args(argv)
 
@@ -87,17 +126,27 @@ def main(argv: list[str] | None = None) -> int:
     env.setdefault("OMP_NUM_THREADS", "2")
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for size in [int(s) for s in args.sizes.split(",")]:
-            output = Path(folder) / f"run-{size}.json"
+        lengths = [int(n) for n in args.lengths.split(",")] if args.lengths else []
+        runs = [(args.reviews, n) for n in lengths] or [
+            (int(size), None) for size in args.sizes.split(",")
+        ]
+        for size, tokens in runs:
+            output = Path(folder) / f"run-{size}-{tokens}.json"
+            data = ["--dataset", str(DATA / "sst2"), "--split", "train"]
+            if tokens is not None:
+                data = ["--dataset", str(DATA / "eraser_movies"), "--split", "val",
+                        "--max-length", str(tokens)]  # fmt: skip
             command = [
                 sys.executable, "-m", "attrib_bench", "run", "--model", model,
-                "--dataset", str(DATA / "sst2"), "--split", "train", "--limit", str(size),
+                *data, "--limit", str(size),
                 "--attributors", args.methods, "--evaluators", args.evaluators,
                 "--reference", "saliency", "--batch-size", str(args.batch_size),
                 "--device", "cpu", "--no-cache", "--no-floor", "--quiet",
                 "--output", str(output),
             ]  # fmt: skip
             row = {"examples": size, **timed(command, env, Path(folder) / "stats.json")}
+            if tokens is not None:
+                row["tokens"] = tokens
             row["result_mb"] = round(output.stat().st_size / 2**20, 2)
             rows.append(row)
             print(json.dumps(row), flush=True)
