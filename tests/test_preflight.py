@@ -107,6 +107,17 @@ def test_hub_ids_and_names_the_listing_cannot_vouch_for_are_left_to_the_run():
     check_arguments(namespace(attributors=["nosuch"]))  # maybe the broken plugin's
 
 
+def test_under_a_launcher_rank_0_alone_says_it(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(SystemExit) as exited:
+        check_arguments(namespace(limit=0))
+    assert exited.value.code == 2
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(UsageError, match="--limit must be at least 1"):
+        check_arguments(namespace(limit=0))
+
+
 def test_the_listing_holds_the_registry_names_until_a_plugin_file_changes(tmp_path, monkeypatch):
     package = tmp_path / "listing_plugin"
     package.mkdir()

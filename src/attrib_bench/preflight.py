@@ -18,6 +18,7 @@ from pathlib import Path
 from attrib_bench.core.errors import UsageError, unknown_choice
 from attrib_bench.core.plugin_names import Listing, read_listing
 from attrib_bench.core.target import Target
+from attrib_bench.runner.distributed import launched, refuse
 
 #: The commands whose settings are a RunConfig's (attrib_bench.runner.engine.prepare's checks).
 RUN_COMMANDS = ("run", "attribute", "evaluate")
@@ -92,7 +93,16 @@ def _check_names(args: argparse.Namespace) -> None:
 def check_arguments(args: argparse.Namespace) -> None:
     """Raise the UsageError a heavy command would raise after its imports, where the arguments
     alone decide it: missing files, a bad ``--target`` or ``--shard``, integers out of range,
-    unknown method names."""
+    unknown method names. Under a launcher every process finds it alike: rank 0 says it."""
+    try:
+        _check_arguments(args)
+    except UsageError as error:
+        if launched():
+            refuse(str(error))
+        raise
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
     config = getattr(args, "config", None)
     if config is not None and not Path(config).exists():
         raise UsageError(f"config file {str(config)!r} does not exist")
