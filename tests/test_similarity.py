@@ -9,6 +9,7 @@ import json
 import math
 import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -541,6 +542,51 @@ def test_the_maps_asked_for_are_the_maps_fitted(tiny_bert, run_cli, tmp_path):
     report = json.loads(output.read_text())
     assert report["skipped_maps"] == {} and report["config"]["maps"] == ["linear"]
     assert list(report["pairs"][0]["measures"]) == [*MEASURES, "linear_mse", "linear_r2"]
+
+
+@pytest.fixture
+def narrow_bert(tiny_bert, tmp_path) -> Path:
+    """The tiny BERT's architecture and tokenizer at half its width: 16 features, not 32."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    config = BertConfig.from_pretrained(tiny_bert, hidden_size=16, intermediate_size=24)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        BertForSequenceClassification(config).save_pretrained(tmp_path / "narrow")
+    AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(tmp_path / "narrow")
+    return tmp_path / "narrow"
+
+
+def test_models_of_different_widths_skip_the_inn_for_their_pair(
+    tiny_bert, narrow_bert, run_cli, tmp_path
+):
+    """An invertible map needs equal widths: the default maps failed the whole command for two
+    models of different widths; now that pair alone goes without the INN, said and recorded."""
+    pytest.importorskip("FrEIA")
+    output = tmp_path / "widths.json"
+    models = f"{tiny_bert},{narrow_bert}"
+    code, _, err = run_cli(
+        "similarity", "--models", models, "--dataset", "default", "--limit", "12",
+        "--output", output, "--quiet",
+    )  # fmt: skip
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if "warning:" in line]
+    assert len(warnings) == 1 and "needs equal widths" in warnings[0], err
+    pairs = json.loads(output.read_text())["pairs"]
+    assert pairs[0]["kind"] == "models" and list(pairs[0]["skipped_maps"]) == ["inn"]
+    assert f"{tiny_bert} has 32, {narrow_bert} 16" in pairs[0]["skipped_maps"]["inn"]
+    assert all(v is None for row in pairs[0]["measures"]["inn_r2"] for v in row)
+    assert all(pairs[0]["measures"]["linear_r2"][i][i] is not None for i in range(4))
+    for pair in pairs[1:]:  # a model and its random init: one width
+        assert pair["skipped_maps"] == {}
+        assert pair["measures"]["inn_r2"][0][0] is not None
+    code, _, err = run_cli(
+        "similarity", "--models", models, "--dataset", "default", "--limit", "12",
+        "--output", output, "--quiet", "--maps", "linear,inn",
+    )  # fmt: skip
+    assert code == 2 and "leave inn out of --maps" in err, err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_cca_measures_are_undefined_when_the_sentences_are_too_few():

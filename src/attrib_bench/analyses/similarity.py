@@ -406,10 +406,14 @@ def resolve_maps(config: SimilarityConfig) -> dict[str, str]:
     return skipped
 
 
-def compare(fx: Features, fy: Features, config: SimilarityConfig, bar=None, task=None) -> dict:
+def compare(
+    fx: Features, fy: Features, config: SimilarityConfig, bar=None, task=None, maps=None
+) -> dict:
     """Every measure for every layer pair (i, j): matrices of L_x + 1 rows of L_y + 1 values,
-    None where not computed. x -> y is a direction (regression, maps): never mirrored."""
+    None where not computed. x -> y is a direction (regression, maps): never mirrored.
+    ``maps``: the learned maps fitted for this pair (default ``config``'s)."""
     names = measure_names(config)
+    maps = _maps(config) if maps is None else maps
     fit = _fit_alignments() if config.learned else None
     train, test = split_rows(fx.rows_per_sentence, config.seed)
     subset = gram_rows(sum(fx.rows_per_sentence), config.max_gram_rows, config.seed)
@@ -435,7 +439,7 @@ def compare(fx: Features, fy: Features, config: SimilarityConfig, bar=None, task
                     torch.from_numpy(x[test]).float(),
                     torch.from_numpy(y[test]).float(),
                     seed=config.seed,
-                    maps=_maps(config),
+                    maps=maps,
                 )
                 for name, scores in learned.items():
                     for metric in ("mse", "r2"):
@@ -463,6 +467,22 @@ def random_representatives(loaded: dict) -> dict[str, str]:
     return out
 
 
+def _unequal_widths(
+    fx: Features, fy: Features, x: str, y: str, config: SimilarityConfig, asked: bool
+) -> dict[str, str]:
+    """``{"inn": why}`` when the pair's widths differ and the INN is among the maps (an
+    invertible map needs equal widths): the default maps skip it for this pair with a warning,
+    ``--maps`` naming it is a UsageError."""
+    dx, dy = fx.layers[0].shape[1], fy.layers[0].shape[1]
+    if not config.learned or "inn" not in _maps(config) or dx == dy:
+        return {}
+    why = f"the 'inn' map needs equal widths (an invertible map): {x} has {dx}, {y} {dy}"
+    if asked:
+        raise UsageError(f"{why}; leave inn out of --maps for models of different widths")
+    console.warn(f"{why}; it is skipped for this pair, the other maps and measures run")
+    return {"inn": why}
+
+
 def _random_name(model: str, seed: int) -> str:
     return f"random-init:{model}@seed{seed}"
 
@@ -484,6 +504,7 @@ def run_similarity(config: SimilarityConfig, quiet: bool = False) -> dict:
             f"--max-gram-rows must be at least 4 (debiased CKA needs 4 rows), or 0 for no cap, "
             f"got {config.max_gram_rows}"
         )
+    asked_maps = config.maps is not None
     skipped_maps = resolve_maps(config)  # fail before the slow part
     data = load_examples(
         config.dataset,
@@ -543,12 +564,18 @@ def run_similarity(config: SimilarityConfig, quiet: bool = False) -> dict:
             (_random_name(name, config.seed), _random_name(name, config.seed + 1), "random-random")
         )
     total = sum(len(features[x].layers) * len(features[y].layers) for x, y, _ in plan)
+    unequal = [
+        _unequal_widths(features[x], features[y], x, y, config, asked_maps) for x, y, _ in plan
+    ]
     pairs = []
     with console.progress(disable=quiet) as bar:
         task = bar.add_task("layer pairs", total=total)
-        for x, y, kind in plan:
-            measures = compare(features[x], features[y], config, bar, task)
-            pairs.append({"x": x, "y": y, "kind": kind, "measures": measures})
+        for (x, y, kind), skipped in zip(plan, unequal, strict=True):
+            maps = [name for name in _maps(config) if name not in skipped]
+            measures = compare(features[x], features[y], config, bar, task, maps)
+            pairs.append(
+                {"x": x, "y": y, "kind": kind, "measures": measures, "skipped_maps": skipped}
+            )
     return {
         "schema": "attrib-bench/similarity",
         "version": 1,
