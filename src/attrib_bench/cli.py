@@ -495,13 +495,13 @@ def _run(args: argparse.Namespace, out: Console) -> int:
         out.print(ranking)
     if document.get("cache"):
         stderr.print(hits_line(document["cache"]), highlight=False, soft_wrap=True)
+    if (left_out := left_out_line(document)) is not None:
+        stderr.print(left_out, highlight=False, markup=False, soft_wrap=True)
     if plan.output:
         stderr.print(f"results written to {plan.output}")
     return ExitCode.OK if exit_status(document) else ExitCode.PARTIAL
 
 
-    if (left_out := left_out_line(document)) is not None:
-        stderr.print(left_out, highlight=False, markup=False, soft_wrap=True)
 def _check(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.api import check
     from attrib_bench.reports.gate import gate_markdown
