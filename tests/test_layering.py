@@ -150,7 +150,8 @@ def test_importing_the_package_imports_no_plugin_and_no_torch():
 
 #: The subpackages in the order data flows, each importing only those before it: the public
 #: types and plugin machinery, the shared math, data, models, results, the runner, rendering,
-#: the gate and pytest helpers, the analyses; then the Python API and the CLI on top.
+#: the gate and pytest helpers, the analyses; then the Python API, the CLI's checks made before
+#: the heavy imports (preflight), and the CLI on top.
 LAYERS = (
     "core",
     "toolkit",
@@ -162,6 +163,7 @@ LAYERS = (
     "testing",
     "analyses",
     "api",
+    "preflight",
     "cli",
     "__main__",
 )

@@ -349,6 +349,7 @@ def test_attribute_and_evaluate_refuse_a_launcher(
     monkeypatch.setenv("RANK", rank)
     args = (command, "--model", tiny_bert, "--limit", "2", "--output", tmp_path / "x")
     if command == "evaluate":
+        (tmp_path / "x").write_text("")  # a file that exists: the launcher is what is refused
         args += ("--attributions", tmp_path / "x")
     if rank == "0":
         code, _, err = run_cli(*args)
