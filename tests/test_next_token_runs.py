@@ -187,7 +187,8 @@ def test_gradient_rows_equal_captums_on_the_contrastive_score_at_the_last_positi
     arguments = (mask, mask.sum(dim=1) - 1, batch.labels, batch.foils)
 
     def score(embeds, mask, last, good, bad):
-        logits = loaded.model(inputs_embeds=embeds, attention_mask=mask).logits
+        with loaded.fast_attention():  # the methods run sdpa: eager rounds otherwise
+            logits = loaded.model(inputs_embeds=embeds, attention_mask=mask).logits
         at_last = logits[torch.arange(len(last)), last]
         return at_last.gather(1, good[:, None])[:, 0] - at_last.gather(1, bad[:, None])[:, 0]
 
