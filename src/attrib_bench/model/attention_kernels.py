@@ -12,7 +12,9 @@ transformers version without the switch, stays eager: nothing but the speed chan
 
 sdpa and eager compute the same attention in a different order of float operations (one fused
 kernel against softmax(QK^T / sqrt(d)) V step by step): their results agree to the last bits,
-about 1e-7 relative in float32 and 1e-15 in float64, not bit for bit.
+about 1e-7 relative in float32 and 1e-15 in float64, not bit for bit. LLaMA-family eager
+attention takes its softmax in float32 even in a float64 model, so there the two differ at
+float32's precision.
 """
 
 from __future__ import annotations
