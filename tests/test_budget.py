@@ -6,7 +6,13 @@ import math
 
 import pytest
 
-from attrib_bench.toolkit.budget import per_pass, pieces
+from attrib_bench.toolkit.budget import per_pass
+
+
+def pieces(count: int, cost: int, budget: int) -> list[range]:
+    """The passes as Captum cuts them from ``per_pass``: consecutive chunks of that size."""
+    size = per_pass(count, cost, budget)
+    return [range(start, min(start + size, count)) for start in range(0, count, size)]
 
 
 @pytest.mark.parametrize("count", [0, 1, 2, 7, 50, 64, 101])

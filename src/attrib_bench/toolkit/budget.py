@@ -20,10 +20,3 @@ def per_pass(count: int, cost: int, budget: int) -> int:
     fit = max(1, budget // max(1, cost))
     passes = max(1, math.ceil(count / fit))
     return max(1, math.ceil(count / passes))
-
-
-def pieces(count: int, cost: int, budget: int) -> list[range]:
-    """The passes of ``per_pass`` as ranges of item indices: consecutive, in order, covering
-    ``range(count)``."""
-    size = per_pass(count, cost, budget)
-    return [range(start, min(start + size, count)) for start in range(0, count, size)]
