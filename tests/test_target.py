@@ -48,7 +48,7 @@ WITH_FOILS = [dataclasses.replace(e, foil=1 - e.label) for e in examples()]
 
 
 def test_spec_round_trips_and_the_resolved_default_is_the_first_token_and_predicted_class():
-    assert DEFAULT_TARGET == Target("auto", "predicted")
+    assert Target("auto", "predicted") == DEFAULT_TARGET
     assert str(DEFAULT_TARGET) == "position=auto,score=predicted"
     # What a default run on an encoder records and keys its cache by, as before `auto`.
     assert str(DEFAULT_TARGET.resolved("first")) == "position=first,score=predicted"
