@@ -130,9 +130,8 @@ def main() -> None:
         "The names listing (attrib_bench.core.plugin_names) is written by every full registry "
         "load (any run, `list`); with none (the first typo after an install or an edit of the "
         "plugins or of attrib-bench) a registry load answers: torch and the plugins, before "
-        "transformers, datasets and the run's modules. The issue's "
-        "target, `run --attributors nosuch` under 3 s on an idle machine, is met with a fresh "
-        "listing even on this loaded one.",
+        "transformers, datasets and the run's modules. The machine's load is "
+        "recorded above: compare rows of one run, not figures across runs.",
     ]
     (RESULTS / "startup.md").write_text("\n".join(lines) + "\n")
 
