@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from attrib_bench.core.errors import UsageError, unknown_choice
+from attrib_bench.core.errors import UsageError, check_seed, unknown_choice
 from attrib_bench.core.plugin_names import Listing, read_listing
 from attrib_bench.core.target import Target
 from attrib_bench.runner.distributed import launched, refuse
@@ -138,7 +138,6 @@ def _check_arguments(args: argparse.Namespace) -> None:
                 raise UsageError(f"--{name} must be at least {least}, got {value}")
         if getattr(args, "agreement_k", None) is not None and args.agreement_k < 0:
             raise UsageError(f"agreement_k must be at least 0 (0: off), got {args.agreement_k}")
-        seed = getattr(args, "seed", None)
-        if seed is not None and not 0 <= seed < 2**64:
-            raise UsageError(f"--seed must be a whole number from 0 to 2**64 - 1, got {seed!r}")
+        if getattr(args, "seed", None) is not None:
+            check_seed(args.seed)
     _check_names(args)

@@ -31,3 +31,10 @@ def unknown_choice(kind: str, value: str, choices: Iterable[str]) -> UsageError:
     """Build the standard 'unknown X' error that names the bad value and the valid ones."""
     listed = ", ".join(sorted(choices)) or "(none)"
     return UsageError(f"unknown {kind} {value!r}; valid choices: {listed}")
+
+
+def check_seed(seed: object) -> None:
+    """A seed both numpy's and torch's generators take, else a UsageError: a negative seed
+    failed in the statistics after the whole run, a huge one in ``torch.manual_seed``."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise UsageError(f"--seed must be a whole number from 0 to 2**64 - 1, got {seed!r}")

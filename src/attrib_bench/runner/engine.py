@@ -16,7 +16,7 @@ import torch
 
 from attrib_bench.core import console
 from attrib_bench.core.architecture_spec import ArchitectureSpec
-from attrib_bench.core.errors import UsageError, unknown_choice
+from attrib_bench.core.errors import UsageError, check_seed, unknown_choice
 from attrib_bench.core.interfaces import (
     KINDS,
     Attribution,
@@ -90,11 +90,7 @@ class RunConfig:
     shard: str | None = None
 
     def __post_init__(self) -> None:
-        # What numpy's and torch's generators both take; a negative seed failed in the
-        # statistics after the whole run, a huge one in torch.manual_seed.
-        seed = self.seed
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
-            raise UsageError(f"--seed must be a whole number from 0 to 2**64 - 1, got {seed!r}")
+        check_seed(self.seed)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
