@@ -27,12 +27,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from method_cost import machine, review_batch
 
+from attrib_bench.core.registry import load_registry
 from attrib_bench.model.trace import trace_batch
 from attrib_bench.results import write_json
 from attrib_bench.runner.engine import resolve_model
 from attrib_bench.toolkit.aggregation import fixed_residual
 from attrib_bench.toolkit.attention_family import head_mean_attention
 from attrib_bench_plugins.attention_flow import AttentionFlow, flow_rows
+
+#: The model families of the installed plugins, as ``load_model`` takes them.
+ARCHITECTURES = load_registry().architecture_specs()
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -69,7 +73,7 @@ def main() -> None:
     parser.add_argument("--model", help="default: the default run's MiniLM classifier")
     args = parser.parse_args()
     started = time.perf_counter()
-    loaded = resolve_model(args.model, "cpu")
+    loaded = resolve_model(args.model, "cpu", architectures=ARCHITECTURES)
     info = machine(loaded.device)
     batch = review_batch(loaded, args.length, args.examples)
     trace = trace_batch(loaded, batch, AttentionFlow.requires)

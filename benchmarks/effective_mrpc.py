@@ -17,19 +17,24 @@ from pathlib import Path
 
 import torch
 
+from attrib_bench.core.registry import load_registry
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import load_examples
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
-from attrib_bench.runner.engine import RunConfig, run_benchmark
+from attrib_bench.runner.engine import run_benchmark
+from attrib_bench.runner.state import RunConfig
 from attrib_bench_plugins.effective import effective_attention
+
+#: The model families of the installed plugins, as ``load_model`` takes them.
+ARCHITECTURES = load_registry().architecture_specs()
 
 MRPC = Path(__file__).resolve().parents[2] / "shared" / "data" / "mrpc"
 RESULTS = Path(__file__).parent / "results"
 
 
 def relative_differences(model: str, device: str) -> dict:
-    loaded = load_model(model, device)
+    loaded = load_model(model, device, architectures=ARCHITECTURES)
     data = load_examples(str(MRPC), "dev")
     batches, _ = make_batches(data.examples, loaded.tokenizer, 16, 512)
     head_dim = loaded.model.config.hidden_size // loaded.model.config.num_attention_heads
@@ -90,7 +95,7 @@ def main() -> None:
     if args.model is None:
         from attrib_bench.model.finetune import ensure_default_model
 
-        args.model = str(ensure_default_model(args.device))
+        args.model = str(ensure_default_model(args.device, architectures=ARCHITECTURES))
     torch.manual_seed(0)
     report = {
         "model": args.model,

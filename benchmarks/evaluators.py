@@ -28,12 +28,17 @@ from pathlib import Path
 
 import torch
 
+from attrib_bench.core.registry import load_registry
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import load_examples
 from attrib_bench.model.finetune import FinetuneConfig, default_model_source, finetune
 from attrib_bench.model.load import load_model
 from attrib_bench.results import write_json
-from attrib_bench.runner.engine import RunConfig, run_benchmark
+from attrib_bench.runner.engine import run_benchmark
+from attrib_bench.runner.state import RunConfig
+
+#: The model families of the installed plugins, as ``load_model`` takes them.
+ARCHITECTURES = load_registry().architecture_specs()
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 RESULTS = Path(__file__).parent / "results"
@@ -67,7 +72,7 @@ DECOMPX_AOPC = {"globenc": 0.307, "saliency": 0.310, IG: 0.340}
 
 def accuracy(model_dir: str, dataset: str, split: str, limit: int | None, device: str) -> float:
     """The model's accuracy on exactly the examples the leaderboard scores."""
-    loaded = load_model(model_dir, device)
+    loaded = load_model(model_dir, device, architectures=ARCHITECTURES)
     data = load_examples(dataset, split, limit=limit)
     batches, _ = make_batches(data.examples, loaded.tokenizer, 64, loaded.max_length)
     correct = 0
@@ -135,6 +140,7 @@ def sst2_model(device: str) -> str:
                 limit=20000,
             ),
             device=device,
+            architectures=ARCHITECTURES,
         )
     )
 
@@ -149,6 +155,7 @@ def hatexplain_model(device: str) -> str:
                 epochs=2,
             ),
             device=device,
+            architectures=ARCHITECTURES,
         )
     )
 

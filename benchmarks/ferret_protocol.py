@@ -41,7 +41,8 @@ from attrib_bench.data.load import load_examples
 from attrib_bench.model.finetune import read_metadata
 from attrib_bench.results import write_json
 from attrib_bench.runner.attribute import write_attributions
-from attrib_bench.runner.engine import RunConfig, run_benchmark
+from attrib_bench.runner.engine import run_benchmark
+from attrib_bench.runner.state import RunConfig
 from attrib_bench_plugins.faithfulness import AOPC_RATIOS
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -37,7 +37,7 @@ word-embedding output (gradient, gradient x input: one such pass serves both), a
 forward pass for the class plus ``steps`` forward+backward passes of the whole batch along the
 path. Every floor runs PyTorch's scaled-dot-product attention (sdpa), the fastest attention
 torch has on the CPU, as attrib-bench's passes do where no attention probabilities are read
-(attrib_bench.model.attention_kernels); ``--eager-floor`` also times IG's floor with the eager
+(attrib_bench.core.attention_kernels); ``--eager-floor`` also times IG's floor with the eager
 attention every model loads with. attrib-bench's per-method seconds are its standalone seconds
 (``methods[spec]["seconds_per_example"]`` times the examples); the ratio to the floor is taken
 per pair (the same load on both), and its median reported.
@@ -83,11 +83,11 @@ from evaluators import DATA, sst2_model  # the same cached SST-2 classifier
 from ferret_protocol import ferret_python  # ferret 0.4.2's environment
 
 from attrib_bench import Batch, EvalContext
+from attrib_bench.core.attention_kernels import EAGER, FAST, attention_implementation
 from attrib_bench.core.cache_dir import cache_root
-from attrib_bench.core.registry import Spec
+from attrib_bench.core.registry import Spec, load_registry
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import load_examples
-from attrib_bench.model.attention_kernels import EAGER, FAST, attention_implementation
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
 from attrib_bench.results import write_json
@@ -95,6 +95,9 @@ from attrib_bench.toolkit.erasure import CACHE_KEY, erase
 from attrib_bench_plugins.faithfulness import Comprehensiveness, Sufficiency
 from attrib_bench_plugins.gradient import Gradient, IntegratedGradients, Saliency
 from attrib_bench_plugins.loo import LooTau
+
+#: The model families of the installed plugins, as ``load_model`` takes them.
+ARCHITECTURES = load_registry().architecture_specs()
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STEPS = 50
@@ -144,8 +147,8 @@ import attrib_bench.cli, attrib_bench.runner.engine
 from attrib_bench.core.registry import load_registry
 from attrib_bench.data.load import load_examples
 from attrib_bench.model.load import load_model
-load_registry()
-load_model(sys.argv[1], "cpu")
+architectures = load_registry().architecture_specs()
+load_model(sys.argv[1], "cpu", architectures=architectures)
 load_examples(sys.argv[2], "dev", limit=int(sys.argv[3]))
 """
 
@@ -340,7 +343,7 @@ class Floor:
         dataset: Path = DATA / "sst2",
         eager_floor: bool = False,
     ) -> None:
-        self.loaded = load_model(model, "cpu")
+        self.loaded = load_model(model, "cpu", architectures=ARCHITECTURES)
         self.eager_floor = eager_floor
         #: The attention implementation of the method floors' passes.
         self.attention = FAST

@@ -17,6 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
+from attrib_bench.core.registry import load_registry
 from attrib_bench.model.finetune import (
     FinetuneConfig,
     default_model_source,
@@ -24,7 +25,11 @@ from attrib_bench.model.finetune import (
     read_metadata,
 )
 from attrib_bench.results import write_json
-from attrib_bench.runner.engine import RunConfig, run_benchmark
+from attrib_bench.runner.engine import run_benchmark
+from attrib_bench.runner.state import RunConfig
+
+#: The model families of the installed plugins, as ``load_model`` takes them.
+ARCHITECTURES = load_registry().architecture_specs()
 
 SST2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2"
 RESULTS = Path(__file__).parent / "results"
@@ -146,6 +151,7 @@ def main() -> None:
             epochs=args.epochs,
         ),
         device=args.device,
+        architectures=ARCHITECTURES,
     )
     metadata = read_metadata(model_dir)
     specs = [name for name, _, _ in VARIANTS] + [

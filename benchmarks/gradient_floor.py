@@ -43,7 +43,8 @@ from ferret_speed import METHODS, Floor  # the same settings, the same floor
 
 from attrib_bench.results import write_json
 from attrib_bench.runner import memory
-from attrib_bench.runner.engine import MethodState, RunConfig, attribution_stream, prepare
+from attrib_bench.runner.engine import attribution_stream, prepare
+from attrib_bench.runner.state import MethodState, RunConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LABELS = ("gradient", "gradient x input")

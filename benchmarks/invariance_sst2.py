@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from attrib_bench.analyses.similarity import SimilarityConfig, run_similarity
+from attrib_bench.core.registry import load_registry
 from attrib_bench.model.finetune import (
     FinetuneConfig,
     default_model_source,
@@ -33,8 +34,11 @@ from attrib_bench.model.finetune import (
     read_metadata,
 )
 from attrib_bench.results import write_json
-from attrib_bench.runner.engine import RunConfig
 from attrib_bench.runner.models import run_models
+from attrib_bench.runner.state import RunConfig
+
+#: The model families of the installed plugins, as ``load_model`` takes them.
+ARCHITECTURES = load_registry().architecture_specs()
 
 SST2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2"
 RESULTS = Path(__file__).parent / "results"
@@ -230,17 +234,21 @@ def main() -> None:
     config = FinetuneConfig(
         model=default_model_source(), dataset=str(SST2), split="train", limit=args.train_limit
     )
-    directories = finetune_seeds(config, seeds, device=args.device)
+    directories = finetune_seeds(config, seeds, device=args.device, architectures=ARCHITECTURES)
     models = [str(d) for d in directories]
     finetuned = [read_metadata(d) for d in directories]
     timings["finetune_s"] = round(time.perf_counter() - start, 1)
 
     start = time.perf_counter()
     common = dict(dataset=str(SST2), split="train", limit=args.similarity_limit, device=args.device)
-    similarity = run_similarity(SimilarityConfig(models=models, learned=False, **common))
+    similarity = run_similarity(
+        SimilarityConfig(models=models, learned=False, **common), architectures=ARCHITECTURES
+    )
     timings["similarity_s"] = round(time.perf_counter() - start, 1)
     start = time.perf_counter()
-    learned = run_similarity(SimilarityConfig(models=models[:2], **common))
+    learned = run_similarity(
+        SimilarityConfig(models=models[:2], **common), architectures=ARCHITECTURES
+    )
     timings["learned_maps_s"] = round(time.perf_counter() - start, 1)
 
     start = time.perf_counter()

@@ -58,10 +58,10 @@ import torch
 
 from attrib_bench import UsageError
 from attrib_bench.core.interfaces import Batch
+from attrib_bench.core.loaded_model import LoadedModel
 from attrib_bench.core.registry import Registry, Spec, load_registry
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import load_examples
-from attrib_bench.model.load import LoadedModel
 from attrib_bench.model.trace import trace_batch
 from attrib_bench.runner.engine import resolve_model
 from attrib_bench.runner.memory import CPU_SOURCE, PeakMemory, standalone_megabytes
@@ -466,7 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
         registry = load_registry()
-        loaded = resolve_model(args.model, args.device, True, registry.architecture_specs())
+        architectures = registry.architecture_specs()
+        loaded = resolve_model(args.model, args.device, True, architectures=architectures)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -19,12 +19,16 @@ import torch
 
 from attrib_bench.core.interfaces import Example
 from attrib_bench.core.registry import load_registry
+from attrib_bench.core.trace_fields import TRACE_FIELDS
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import load_examples
 from attrib_bench.model.load import load_model
-from attrib_bench.model.trace import TRACE_FIELDS, trace_batch
+from attrib_bench.model.trace import trace_batch
 from attrib_bench.runner.memory import PeakMemory
 from attrib_bench_plugins.norm import GLOBENC_EIGHT
+
+#: The model families of the installed plugins, as ``load_model`` takes them.
+ARCHITECTURES = load_registry().architecture_specs()
 
 SST2_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2"
 RESULTS = Path(__file__).parent / "results"
@@ -100,8 +104,8 @@ def main() -> None:
     if args.model is None:
         from attrib_bench.model.finetune import ensure_default_model
 
-        args.model = str(ensure_default_model(args.device))
-    loaded = load_model(args.model, args.device)
+        args.model = str(ensure_default_model(args.device, architectures=ARCHITECTURES))
+    loaded = load_model(args.model, args.device, architectures=ARCHITECTURES)
     registry = load_registry()
     attributors = [registry.attributor(name) for name in GLOBENC_EIGHT]
     data = load_examples(str(SST2_DEV), "dev")

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluators import DATA, sst2_model  # the same cached SST-2 classifier
 from ferret_speed import METHODS  # the same IG settings
 
-from attrib_bench.core.registry import Spec
+from attrib_bench.core.registry import Spec, load_registry
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import load_examples
 from attrib_bench.model.load import load_model
@@ -37,6 +37,9 @@ from attrib_bench.model.trace import trace_batch
 from attrib_bench.results import write_json
 from attrib_bench.runner import memory
 from attrib_bench_plugins.gradient import IntegratedGradients
+
+#: The model families of the installed plugins, as ``load_model`` takes them.
+ARCHITECTURES = load_registry().architecture_specs()
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -50,7 +53,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    loaded = load_model(args.model or sst2_model("cpu"), "cpu")
+    loaded = load_model(args.model or sst2_model("cpu"), "cpu", architectures=ARCHITECTURES)
     examples = load_examples(str(DATA / "sst2"), "dev", limit=args.limit).examples
     batches, _ = make_batches(examples, loaded.tokenizer, 16, loaded.max_length)
     traces = [trace_batch(loaded, batch, set()) for batch in batches]

@@ -32,7 +32,7 @@ from evaluators import DATA, RESULTS, cell, run, sst2_model
 
 from attrib_bench.model.finetune import read_metadata
 from attrib_bench.results import write_json
-from attrib_bench.runner.engine import RunConfig
+from attrib_bench.runner.state import RunConfig
 
 ALTI_BINS = "comprehensiveness:ratios=0.01/0.05/0.1/0.2/0.5"
 EVALUATORS = ["comprehensiveness", "sufficiency", "masked-accuracy", ALTI_BINS]

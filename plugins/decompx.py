@@ -57,8 +57,8 @@ import attrib_bench
 from attrib_bench import Attribution, Configurable, Trace, TraceField
 
 if TYPE_CHECKING:
-    from attrib_bench.model.architectures import EncoderAdapter, LayerNormParams, LayerParams
-    from attrib_bench.model.load import LoadedModel
+    from attrib_bench.core.adapter import EncoderAdapter, LayerNormParams, LayerParams
+    from attrib_bench.core.loaded_model import LoadedModel
 
 #: The feed-forward's two linear layers inside each encoder layer, by model type.
 FFN_PATHS: dict[str, tuple[str, str]] = {

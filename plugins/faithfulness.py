@@ -184,7 +184,7 @@ class Erasure(Configurable, ABC):
         and for the steps ``evaluated_RB`` leaves out (never run; default: none)."""
         trace = context.trace
         erase_RBN, scoreable_B, keys = self.erasure_keys(attribution, context, evaluated_RB)
-        from attrib_bench.model.load import target_logits  # transformers: not at `list` time
+        from attrib_bench.core.loaded_model import target_logits  # transformers: not at `list` time
 
         cache = erased_log_probs(
             trace, list(keys.values()), self.params["chunk_tokens"], target_logits

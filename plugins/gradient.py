@@ -39,7 +39,7 @@ from attrib_bench.toolkit.captum_inputs import (
 )
 
 if TYPE_CHECKING:  # model.load imports transformers, which `attrib-bench list` does without
-    from attrib_bench.model.load import LoadedModel
+    from attrib_bench.core.loaded_model import LoadedModel
 
 
 def _attribution_layer(loaded: LoadedModel, choice: str) -> torch.nn.Module:

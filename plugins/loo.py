@@ -56,7 +56,7 @@ def loo_log_probs(trace: Trace, removal: str, chunk_tokens: int) -> np.ndarray:
     """
     candidates_BN = candidates(trace)
     N = candidates_BN.shape[1]
-    from attrib_bench.model.load import target_logits  # transformers: not at `list` time
+    from attrib_bench.core.loaded_model import target_logits  # transformers: not at `list` time
 
     keys = {}  # (example, token) -> faithfulness's cache key of erasing that token alone
     for b, j in zip(*np.nonzero(candidates_BN), strict=True):

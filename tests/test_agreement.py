@@ -261,7 +261,8 @@ def test_agreement_k_is_a_run_setting_and_zero_turns_it_off(tmp_path):
 def test_the_tally_frees_each_examples_rows_computed_or_cached(tiny_bert, monkeypatch):
     """Only per-example agreement is held: rows read for it are dropped unless the run keeps
     them (``keep_rows``, for runs over several models)."""
-    from attrib_bench.runner.engine import RunConfig, run_single
+    from attrib_bench.runner.engine import run_single
+    from attrib_bench.runner.state import RunConfig
 
     monkeypatch.delenv("ATTRIB_BENCH_NO_CACHE")
     config = RunConfig(

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import (
+    ARCHITECTURES,
     examples,
     full_trace,
     randomize_norms_and_biases,
@@ -15,7 +16,8 @@ from helpers import (
     save_tiny_decoder,
 )
 
-from attrib_bench.model.load import LoadedModel, load_model
+from attrib_bench.core.loaded_model import LoadedModel
+from attrib_bench.model.load import load_model
 from attrib_bench.testing.conformance import check_attributor
 from attrib_bench_plugins.alti import ORDERS, Alti, alti_layer, alti_matrices
 
@@ -23,7 +25,7 @@ from attrib_bench_plugins.alti import ORDERS, Alti, alti_layer, alti_matrices
 def load_double(directory: Path | str) -> LoadedModel:
     """The model in float64 with random norm weights and biases, so the b_O and beta terms
     that ALTI leaves out of T_i(x_j) are not zero."""
-    loaded = load_model(str(directory), "cpu")
+    loaded = load_model(str(directory), "cpu", architectures=ARCHITECTURES)
     loaded.model.double()
     randomize_norms_and_biases(loaded.model)
     return loaded
@@ -93,7 +95,7 @@ def test_transformed_vectors_sum_back_to_the_real_layer_output(any_family):
 
 
 def test_transformed_vectors_sum_back_in_float32(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     real, trace = captured_resultants(loaded, lambda: full_trace(loaded, examples()))
     mask = trace.mask_BN.bool()
     queries = torch.arange(mask.shape[1]).expand(mask.shape[0], -1)

@@ -12,14 +12,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from helpers import examples, one_batch
+from helpers import ARCHITECTURES, examples, one_batch
 from test_plugins import assert_one_line_error, write_module
 
 import attrib_bench
 from attrib_bench import EvalContext, UsageError
+from attrib_bench.core.adapter import EncoderAdapter, unmet_needs
 from attrib_bench.core.architecture_spec import ArchitectureSpec
 from attrib_bench.core.registry import load_registry
-from attrib_bench.model.architectures import EncoderAdapter, unmet_needs
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
 from attrib_bench_plugins.gradient import Saliency
@@ -337,7 +337,7 @@ def test_unknown_needs_are_usage_errors(tmp_path):
 
 
 def test_layer_params_follow_dtype_and_in_place_changes(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     adapter = loaded.adapter
     assert adapter.layer_params(0).value_weight_HDE.dtype == torch.float32
     loaded.model.double()
@@ -357,7 +357,7 @@ def test_layer_params_follow_dtype_and_in_place_changes(tiny_bert):
 
 
 def test_a_copy_with_another_model_gets_that_models_modules(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     loaded.adapter.layer_params(0)
     other = copy.deepcopy(loaded.model)
     replaced = dataclasses.replace(loaded, model=other)
@@ -366,7 +366,7 @@ def test_a_copy_with_another_model_gets_that_models_modules(tiny_bert):
 
 
 def test_sanity_randomises_a_copy_after_the_adapter_was_used(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     trained = {k: v.clone() for k, v in loaded.model.state_dict().items()}
     trace = trace_batch(loaded, one_batch(loaded, examples()), Saliency.requires)
     attribution = Saliency().attribute(trace)  # reads trace.adapter.embeddings

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attrib_bench.core.interfaces import Batch
-from attrib_bench.model.trace import Trace
+from attrib_bench.core.trace import Trace
 from attrib_bench.toolkit.aggregation import pair_mask, rollout
 from attrib_bench_plugins.attention import RawAttention, Rollout
 

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from helpers import examples, full_trace, one_batch
+from helpers import ARCHITECTURES, examples, full_trace, one_batch
 from scipy.optimize import linprog
 
 from attrib_bench.model.load import load_model
@@ -100,7 +100,7 @@ def test_the_first_layer_row_is_the_residual_attention_row():
 
 
 def test_rows_on_a_tiny_bert_equal_explicit_loops(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     items = examples()[:3]
     trace = full_trace(loaded, items)
     rows = AttentionFlow().attribute(trace).aggregated_BLN.double()
@@ -121,7 +121,7 @@ def test_rows_on_a_tiny_bert_equal_explicit_loops(tiny_bert):
 
 
 def test_an_example_alone_gets_its_rows_in_a_padded_batch(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     items = examples()[:4]
     trace = full_trace(loaded, items)
     together = AttentionFlow().attribute(trace).aggregated_BLN

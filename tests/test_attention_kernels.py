@@ -1,13 +1,13 @@
 """Passes that read no attention probabilities run under sdpa; the traced pass that records
-them stays eager (attrib_bench.model.attention_kernels)."""
+them stays eager (attrib_bench.core.attention_kernels)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from helpers import DECODER_TEXTS, examples, one_batch, save_tiny_decoder
+from helpers import ARCHITECTURES, DECODER_TEXTS, examples, one_batch, save_tiny_decoder
 
-from attrib_bench.model import attention_kernels
+from attrib_bench.core import attention_kernels
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
 from attrib_bench_plugins.gradient import IntegratedGradients, Saliency
@@ -25,7 +25,7 @@ def tiny_gpt2(tmp_path_factory):
 
 
 def _loaded(path, float64: bool = False):
-    loaded = load_model(str(path), "cpu")
+    loaded = load_model(str(path), "cpu", architectures=ARCHITECTURES)
     if float64:
         loaded.model.double()
     texts = DECODER_TEXTS if loaded.is_language_model else examples()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import examples, one_batch
+from helpers import ARCHITECTURES, examples, one_batch
 
 from attrib_bench.model.load import load_model
 from attrib_bench.runner.cache import (
@@ -462,7 +462,7 @@ def test_an_entry_records_its_own_batchs_memory_not_the_runs_peak(
 def test_an_examples_foil_joins_its_key_only_when_set(tiny_bert):
     """A changed foil changes the contrastive score: it must not reuse the old entry. Examples
     without one keep the key they had before foils existed."""
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     plain = examples(["a fine film"])
     batch = one_batch(loaded, plain)
     length = int(batch.attention_mask_BN[0].sum())

@@ -12,8 +12,8 @@ import pytest
 
 from attrib_bench.core.errors import ExitCode, UsageError
 from attrib_bench.reports.gate import gate_markdown
+from attrib_bench.results.compare import compare, paired_bootstrap
 from attrib_bench.results.typed import load_results
-from attrib_bench.testing.gate import compare, paired_bootstrap
 
 N = 60
 

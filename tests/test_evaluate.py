@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from attrib_bench.core.registry import load_registry
-from attrib_bench.runner.engine import RunConfig, prepare
+from attrib_bench.runner.engine import prepare
 from attrib_bench.runner.outside import FileAttributor, read_file
+from attrib_bench.runner.state import RunConfig
 
 DATA = ("--dataset", "default", "--limit", "4", "--quiet")
 

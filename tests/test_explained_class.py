@@ -13,6 +13,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import ARCHITECTURES
 
 import attrib_bench
 from attrib_bench.data.load import load_examples
@@ -63,7 +64,7 @@ def runs(tiny_bert):
 def disagree(tiny_bert, runs):
     """Per example (in the runs' order), True where the gold label is not the prediction."""
     ids, _ = runs["gold"]
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     data = load_examples("default", limit=LIMIT)
     by_id = {e.id: e for e in data.examples}
     texts = [by_id[i].text for i in ids]
@@ -117,7 +118,7 @@ def test_comprehensiveness_under_score_gold_by_a_float64_loop(tiny_bert, run_cli
     method = document["methods"]["saliency:reduce=sum"]["per_example"]
     values = method["comprehensiveness:ratios=0.5"]["aggregated"][0]
     ours = dict(zip(document["example_ids"], values, strict=True))
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     tokenizer = loaded.tokenizer
     data = load_examples("default", limit=LIMIT)
     by_id = {e.id: e for e in data.examples}

@@ -9,13 +9,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from helpers import examples, one_batch
+from helpers import ARCHITECTURES, examples, one_batch
 
 from attrib_bench import Attribution, EvalContext, UsageError
 from attrib_bench.core.interfaces import Batch, Example
 from attrib_bench.core.target import Target
+from attrib_bench.core.trace import Trace
 from attrib_bench.model.load import load_model
-from attrib_bench.model.trace import Trace, trace_batch
+from attrib_bench.model.trace import trace_batch
 from attrib_bench.toolkit.erasure import CACHE_KEY, erase
 from attrib_bench.toolkit.ranking import erasure_mask, ratio_k, top_k_mask
 from attrib_bench_plugins.faithfulness import (
@@ -108,7 +109,7 @@ def test_top_k_skips_special_tokens_and_padding_and_breaks_ties_by_position():
 
 
 def test_erasure_on_a_real_batch_masks_exactly_the_top_k_and_never_a_special_token(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     batch = one_batch(loaded, examples())
     special = batch.special_tokens_mask_BN.bool()
     candidates = (batch.attention_mask_BN.bool() & ~special).numpy()
@@ -131,7 +132,7 @@ def test_erasure_on_a_real_batch_masks_exactly_the_top_k_and_never_a_special_tok
 
 def test_delete_repacks_each_row_like_the_shortened_input_alone(tiny_model):
     """A genuine deletion: the re-packed tokens are numbered afresh, not at their old places."""
-    loaded = load_model(str(tiny_model), "cpu")
+    loaded = load_model(str(tiny_model), "cpu", architectures=ARCHITECTURES)
     pairs = [Example("0", "a good film", "yes it was"), Example("1", "bad", "no")]
     if loaded.model.config.type_vocab_size == 1:  # the tiny RoBERTa has one segment type
         pairs = [Example(e.id, f"{e.text} {e.text_pair}") for e in pairs]
@@ -158,7 +159,7 @@ def test_delete_repacks_each_row_like_the_shortened_input_alone(tiny_model):
 @pytest.mark.parametrize("removal", ["pad", "mask"])
 def test_replacing_tokens_leaves_every_other_embedding_unchanged(tiny_model, removal):
     """RoBERTa numbers positions over non-pad tokens: a [PAD] must not move later tokens."""
-    loaded = load_model(str(tiny_model), "cpu")
+    loaded = load_model(str(tiny_model), "cpu", architectures=ARCHITECTURES)
     batch = one_batch(loaded, examples())
     embeddings = loaded.adapter.embeddings
     with torch.no_grad():
@@ -187,7 +188,7 @@ def test_replacing_tokens_leaves_every_other_embedding_unchanged(tiny_model, rem
 
 def test_zero_removal_ignores_which_token_was_erased(tiny_bert):
     """With the embedding output zeroed, the erased token's identity cannot matter."""
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     batch = one_batch(loaded, examples()[:2])
     other = Batch(
         batch.examples,
@@ -286,7 +287,7 @@ def test_erasures_are_batched_and_shared_between_bins_evaluators_and_methods():
 
 
 def test_erasing_every_word_does_not_depend_on_the_ranking(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     trace = trace_batch(loaded, one_batch(loaded, examples()), Saliency.requires)
     saliency = Saliency().attribute(trace)
     reverse = Attribution(aggregated_BLN=-saliency.aggregated_BLN)
@@ -358,7 +359,7 @@ def test_the_contrastive_metric_is_not_the_probability_one():
 
 @pytest.fixture(scope="module")
 def bert64(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     loaded.model.double()
     return loaded
 
@@ -437,7 +438,7 @@ def test_packed_erasures_run_in_passes_of_similar_lengths():
 
 @pytest.mark.parametrize("removal", ["delete", "retokenize"])
 def test_packed_passes_give_each_variants_own_scores(tiny_bert, removal):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     trace = trace_batch(loaded, one_batch(loaded, examples()), Saliency.requires)
     saliency = Saliency().attribute(trace)
     scores = {}

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import examples, full_trace, randomize_norms_and_biases
+from helpers import ARCHITECTURES, examples, full_trace, randomize_norms_and_biases
 from test_conformance import FEWER_SAMPLES, builtin_names
 from test_position_ids import model_position_ids
 
+from attrib_bench.core.loaded_model import LoadedModel
 from attrib_bench.core.registry import load_registry
-from attrib_bench.model.load import LoadedModel, load_model
-from attrib_bench.model.trace import Trace
+from attrib_bench.core.trace import Trace
+from attrib_bench.model.load import load_model
 from attrib_bench.testing import check_attributor, check_evaluator, conformance
 from attrib_bench.toolkit.norm_decomposition import decompose, layer_inputs
 from attrib_bench.toolkit.token_contributions import contributions, hidden_states_from
@@ -85,7 +86,7 @@ def model_dir(request, family_dirs) -> Path:
 
 @pytest.fixture(scope="module")
 def loaded(model_dir) -> LoadedModel:
-    return load_model(str(model_dir), "cpu")
+    return load_model(str(model_dir), "cpu", architectures=ARCHITECTURES)
 
 
 def layer_calls(
@@ -138,7 +139,7 @@ def test_the_decomposition_sums_back_to_each_layer_in_float64(model_dir):
     """sum_j r_ij + b_O is the real pre-LN1 vector u1_i, sum_j y_ij + g1_i(b_O) + beta1 the real
     LN1 output, and the LN2 output is the layer's output, for every layer, up to float64
     rounding; the real LN outputs come from hooks on the modules the spec names."""
-    loaded = load_model(str(model_dir), "cpu")
+    loaded = load_model(str(model_dir), "cpu", architectures=ARCHITECTURES)
     loaded.model.double()
     trace, ln1_outputs = layer_calls(loaded, "ln1", "output")
     _, ln2_outputs = layer_calls(loaded, "ln2", "output")

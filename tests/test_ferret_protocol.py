@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from helpers import one_batch
+from helpers import ARCHITECTURES, one_batch
 
 from attrib_bench import Attribution, EvalContext
 from attrib_bench.core.interfaces import Example
@@ -65,7 +65,7 @@ def ferret_aopc(model, tokenizer, text, scores, target, keep):
 
 @pytest.fixture(scope="module")
 def setting(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     items = [Example(id=str(i), text=t, label=i % 2) for i, t in enumerate(TEXTS)]
     batch = one_batch(loaded, items)
     # Signed scores without ties: alternating signs over the word pieces; example 3 all negative.
@@ -220,7 +220,7 @@ def test_loo_tau_with_retokenize_is_ferrets_taucorr_loo(setting):
 def test_retokenize_round_trips_single_texts_and_pairs(tiny_model):
     """Erasing nothing gives back the input (pairs stay pairs, for BERT and RoBERTa); erasing a
     word drops it from the text that is tokenised again."""
-    loaded = load_model(str(tiny_model), "cpu")
+    loaded = load_model(str(tiny_model), "cpu", architectures=ARCHITECTURES)
     items = [
         Example("0", "the film was not good .", text_pair="a truly wonderful story"),
         Example("1", "bad", text_pair="i loved every minute of it"),

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers import ARCHITECTURES
 
 from attrib_bench.model import finetune as finetune_module
 from attrib_bench.model.finetune import (
@@ -34,7 +35,7 @@ def _outside(loaded, top) -> dict[str, torch.Tensor]:
 
 
 def test_reinit_changes_the_top_layers_only_and_depends_on_the_seed(tiny_bert):
-    source = load_model(str(tiny_bert), "cpu")
+    source = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     layers = proxy_layers(source)
     assert len(layers) == 3
     original_top = _linear_weights(layers[-1])
@@ -43,7 +44,7 @@ def test_reinit_changes_the_top_layers_only_and_depends_on_the_seed(tiny_bert):
 
     proxies = []
     for seed in (0, 1, 0):
-        loaded = load_model(str(tiny_bert), "cpu")
+        loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
         top = reinit_top_layers(loaded, 1, seed)
         assert top == proxy_layers(loaded)[-1:]
         proxies.append(_linear_weights(top[0]))
@@ -65,7 +66,7 @@ def test_retraining_lowers_the_reconstruction_error(tiny_bert):
         model=str(tiny_bert), dataset="default", limit=64, batch_size=16, reinit_top=2
     )
     config = replace(config, reinit_steps=40, reinit_learning_rate=3e-3)
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     original = _outside(loaded, proxy_layers(loaded)[-2:])
     batches, _ = make_batches(_train_data(config).examples, loaded.tokenizer, 16, 128)
     losses: list[float] = []
@@ -125,7 +126,9 @@ def test_cli_proxy_seeds_write_models_with_metadata_and_are_cached(
         assert entry["reinit_top"] == 1 and entry["reinit_steps"] == 4
         assert entry["reinit_mse_before"] > 0 and entry["reinit_mse_after"] > 0
         assert "pretraining init" in entry["seed_varies"]
-    models = [load_model(str(output / f"seed-{s}"), "cpu") for s in (0, 1)]
+    models = [
+        load_model(str(output / f"seed-{s}"), "cpu", architectures=ARCHITECTURES) for s in (0, 1)
+    ]
     assert models[0].weights_sha256 != models[1].weights_sha256
     assert len(list((cache / "models").iterdir())) == 2
 

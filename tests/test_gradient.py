@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from captum.attr import InputXGradient, IntegratedGradients
-from helpers import examples, one_batch
+from helpers import ARCHITECTURES, examples, one_batch
 
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
@@ -16,7 +16,7 @@ from attrib_bench_plugins.gradient import IntegratedGradients as OurIG
 
 @pytest.fixture(scope="module")
 def setup(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     batch = one_batch(loaded, examples())
     return loaded, trace_batch(loaded, batch, Saliency.requires)
 
@@ -86,7 +86,7 @@ def pad_baseline(loaded, batch) -> torch.Tensor:
 
 
 def test_integrated_gradients_equals_captum_on_embedding_output(tiny_model):
-    loaded = load_model(str(tiny_model), "cpu")
+    loaded = load_model(str(tiny_model), "cpu", architectures=ARCHITECTURES)
     trace = trace_batch(loaded, one_batch(loaded, examples()), set())
     forward, start = from_embedding_output(loaded, trace.batch)
     batch = trace.batch
@@ -112,7 +112,7 @@ def test_integrated_gradients_equals_captum_on_embedding_output(tiny_model):
 def test_integrated_gradients_baseline_keeps_the_kept_tokens_embeddings(tiny_model):
     """RoBERTa numbers positions over non-pad tokens: the baseline's [PAD]s must not move the
     final special token, so every token the baseline keeps is embedded as in the input."""
-    loaded = load_model(str(tiny_model), "cpu")
+    loaded = load_model(str(tiny_model), "cpu", architectures=ARCHITECTURES)
     trace = trace_batch(loaded, one_batch(loaded, examples()), set())
     batch = trace.batch
     baseline_ids = pad_baseline(loaded, batch)
@@ -140,7 +140,7 @@ def test_integrated_gradients_baseline_keeps_the_kept_tokens_embeddings(tiny_mod
 
 
 def float64_setup(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     loaded.model.double()
     return loaded, trace_batch(loaded, one_batch(loaded, examples()), Saliency.requires)
 
@@ -296,7 +296,7 @@ def captum_layer_gradient_x_activation(loaded, trace, layer, multiply_by_inputs)
 def test_the_traces_pass_equals_one_captum_call_per_method(tiny_bert, dtype, score):
     from attrib_bench.core.target import Target
 
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     loaded.model.to(dtype)
     target = Target.parse(f"score={score}")
     trace = trace_batch(loaded, one_batch(loaded, examples()), Saliency.requires, target=target)
@@ -329,7 +329,7 @@ def counted_passes(loaded, monkeypatch):
 
 
 def test_saliency_and_gradient_backpropagate_once_through_the_traces_pass(tiny_bert, monkeypatch):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     forwards, backwards = counted_passes(loaded, monkeypatch)
     trace, fresh, other = (
         trace_batch(loaded, one_batch(loaded, examples()), Saliency.requires) for _ in "abc"
@@ -356,7 +356,7 @@ def test_saliency_and_gradient_backpropagate_once_through_the_traces_pass(tiny_b
 def test_weights_are_frozen_and_gradients_reach_only_the_inputs(tiny_bert):
     """load_model freezes the weights: the gradient methods' and IG's backward passes give no
     weight gradients, and autograd keeps no tensors for them."""
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     assert not any(p.requires_grad for p in loaded.model.parameters())
     trace = trace_batch(loaded, one_batch(loaded, examples()), Saliency.requires)
     Saliency().attribute(trace)
@@ -365,7 +365,7 @@ def test_weights_are_frozen_and_gradients_reach_only_the_inputs(tiny_bert):
 
 
 def test_saliency_and_gradient_are_each_charged_the_shared_pass(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     trace = trace_batch(loaded, one_batch(loaded, examples()), Saliency.requires)
     Saliency().attribute(trace)
     (key,) = trace.shared
@@ -377,7 +377,7 @@ def test_saliency_and_gradient_are_each_charged_the_shared_pass(tiny_bert):
 def test_integrated_gradients_passes_hold_no_padding_and_at_most_the_token_budget(tiny_bert):
     """Each example's path runs over its real tokens in passes of at most ``chunk_tokens``
     tokens, whatever the batch's size."""
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     trace = trace_batch(loaded, one_batch(loaded, examples()), set())
     batch, steps = trace.batch, 7
     lengths = batch.attention_mask_BN.sum(dim=1).tolist()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import SENTENCES, examples, full_trace
+from helpers import ARCHITECTURES, SENTENCES, examples, full_trace
 
 from attrib_bench.core.registry import load_registry
 from attrib_bench.model.load import load_model
@@ -18,7 +18,7 @@ LONG = " ".join(["a long sentence that needs more tokens than one head has dimen
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model):
-    return load_model(str(tiny_model), "cpu")
+    return load_model(str(tiny_model), "cpu", architectures=ARCHITECTURES)
 
 
 def test_effective_attention_keeps_what_reaches_the_output(tiny):
@@ -273,7 +273,7 @@ def test_layerwise_reference_compares_layer_by_layer(tiny_bert, run_cli, tmp_pat
     )
     assert code == 0, err
     document = json.loads(output.read_text())
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     trace = full_trace(loaded, load_examples(limit=4).examples)
     registry = load_registry()
     reference = registry.attributor("hta:norm=sum").attribute(trace).aggregated_BLN

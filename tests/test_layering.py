@@ -1,9 +1,9 @@
 """The package's layering: no import cycles, the core never imports a built-in plugin, and no
 built-in plugin imports another (what they share lives in the core, open to third parties too).
 
-Imports are read from the source with ``ast``, deferred (function-level) ones included: a cycle
-hidden inside a function is still a cycle. Imports under ``if TYPE_CHECKING:`` do not run and
-are left out.
+Imports are read from the source with ``ast``: deferred (function-level) ones and those under
+``if TYPE_CHECKING:`` included. A cycle hidden inside a function or behind a type annotation is
+still a cycle: the modules cannot be understood, or moved, one without the other.
 """
 
 from __future__ import annotations
@@ -22,12 +22,6 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def imported_names(path: Path, package: str | None = None) -> set[str]:
     """Every module (and ``module.name``) the file imports at run time.
 
@@ -36,13 +30,6 @@ def imported_names(path: Path, package: str | None = None) -> set[str]:
     names: set[str] = set()
 
     class Visitor(ast.NodeVisitor):
-        def visit_If(self, node: ast.If) -> None:
-            if _is_type_checking(node.test):
-                for child in node.orelse:
-                    self.visit(child)
-                return
-            self.generic_visit(node)
-
         def visit_Import(self, node: ast.Import) -> None:
             names.update(alias.name for alias in node.names)
 
@@ -149,9 +136,11 @@ def test_importing_the_package_imports_no_plugin_and_no_torch():
 
 
 #: The subpackages in the order data flows, each importing only those before it: the public
-#: types and plugin machinery, the shared math, data, models, results, the runner, rendering,
-#: the gate and pytest helpers, the analyses; then the Python API, the CLI's checks made before
-#: the heavy imports (preflight), and the CLI on top.
+#: types plugins read (the trace, the loaded model, its adapter) and the plugin machinery, the
+#: shared math, data, model loading and capture, results (with the gate's comparison), the
+#: runner (with its state and the result it builds), rendering, the conformance kit and pytest
+#: helpers, the analyses; then the Python API, the CLI's checks made before the heavy imports
+#: (preflight), and the CLI on top.
 LAYERS = (
     "core",
     "toolkit",

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from helpers import examples, full_trace
+from helpers import ARCHITECTURES, examples, full_trace
 from scipy.stats import kendalltau
 
 from attrib_bench import Attribution, EvalContext
@@ -65,7 +65,7 @@ def reference_tau(loaded, trace, attribution, removal: str) -> list[float]:
 
 @pytest.mark.parametrize("removal", ["delete", "mask"])
 def test_loo_tau_matches_a_per_token_loop_with_scipy(tiny_bert, removal):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     trace = full_trace(loaded, examples())
     attribution = seeded_attribution(trace, 0)
     evaluator = LooTau().configure({"removal": removal})
@@ -77,7 +77,7 @@ def test_loo_tau_matches_a_per_token_loop_with_scipy(tiny_bert, removal):
 
 
 def test_loo_passes_run_once_per_batch_however_many_methods(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     trace = full_trace(loaded, examples())
     calls = []
     handle = loaded.model.register_forward_hook(lambda *_: calls.append(1))
@@ -105,7 +105,7 @@ def test_loo_passes_run_once_per_batch_however_many_methods(tiny_bert):
 
 
 def test_chunking_splits_the_passes_without_changing_the_scores(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     attribution_trace = full_trace(loaded, examples())
     attribution = seeded_attribution(attribution_trace, 0)
     trace = full_trace(loaded, examples())
@@ -127,7 +127,7 @@ def test_chunking_splits_the_passes_without_changing_the_scores(tiny_bert):
 
 
 def test_a_method_that_ranks_as_leave_one_out_scores_tau_one(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     trace = full_trace(loaded, examples())
     evaluator = LooTau()
     context = EvalContext(trace, None, 0)

@@ -16,6 +16,7 @@ from conftest import SHARED_DATA
 
 from attrib_bench.core.errors import UsageError
 from attrib_bench.core.interfaces import Attribution, Batch, EvalContext, Example
+from attrib_bench.core.trace import Trace
 from attrib_bench.data.load import load_examples
 from attrib_bench.data.next_token import (
     NextTokens,
@@ -24,7 +25,6 @@ from attrib_bench.data.next_token import (
     next_token_ids,
     token_pairs,
 )
-from attrib_bench.model.trace import Trace
 from attrib_bench.testing import check_evaluator
 from attrib_bench_plugins.next_token import Mrr
 

@@ -14,20 +14,22 @@ import numpy as np
 import pytest
 import torch
 from conftest import SHARED_DATA
-from helpers import HAS_SMOLLM2, one_batch, save_tiny_decoder
+from helpers import ARCHITECTURES, HAS_SMOLLM2, one_batch, save_tiny_decoder
 
 from attrib_bench import EvalContext, UsageError
 from attrib_bench.core.interfaces import Attribution, Example
 from attrib_bench.core.registry import Registry
 from attrib_bench.core.target import NEXT_TOKEN_TARGET, Target
+from attrib_bench.core.trace import default_target_position
 from attrib_bench.data.next_token import next_token_ids
 from attrib_bench.model.load import load_model
-from attrib_bench.model.trace import default_target_position, trace_batch
+from attrib_bench.model.trace import trace_batch
 from attrib_bench.reports.leaderboard import leaderboard
 from attrib_bench.results import SCHEMA_PATH
 from attrib_bench.results.merge import merge
 from attrib_bench.results.typed import Result, validate
-from attrib_bench.runner.engine import RunConfig, prepare, run_benchmark
+from attrib_bench.runner.engine import prepare, run_benchmark
+from attrib_bench.runner.state import RunConfig
 from attrib_bench_plugins.faithfulness import Comprehensiveness, Deletion, resolve_removal
 from attrib_bench_plugins.gradient import Gradient, IntegratedGradients, Saliency
 from attrib_bench_plugins.sanity import ModelRandomization
@@ -176,7 +178,7 @@ def test_gradient_rows_equal_captums_on_the_contrastive_score_at_the_last_positi
     from captum.attr import IntegratedGradients as CaptumIG
     from captum.attr import Saliency as Grad
 
-    loaded = load_model(str(decoder), "cpu", architectures=None if adapter else {})
+    loaded = load_model(str(decoder), "cpu", architectures=ARCHITECTURES if adapter else {})
     assert (loaded.spec is not None) == adapter
     loaded.model.double()
     batch = one_batch(loaded, next_token_examples(loaded.tokenizer))
@@ -225,7 +227,7 @@ def test_gradient_rows_equal_captums_on_the_contrastive_score_at_the_last_positi
 def test_faithfulness_on_a_decoder_reads_the_contrastive_score_at_the_right_position(llama):
     """Deletion re-packs and reads the shortened prefix's last token (the start token alone when
     nothing is left); pad keeps every position and reads the original last token."""
-    loaded = load_model(str(llama), "cpu")
+    loaded = load_model(str(llama), "cpu", architectures=ARCHITECTURES)
     loaded.model.double()
     assert resolve_removal("auto", loaded.tokenizer) == "delete"
     items = next_token_examples(loaded.tokenizer, [ROWS[0], ROWS[2]])
@@ -264,7 +266,12 @@ def test_next_token_runs_add_mrr_and_deletion_to_the_default_evaluators(llama, b
 
 
 def test_removal_auto_masks_on_encoders(tiny_bert):
-    assert resolve_removal("auto", load_model(str(tiny_bert), "cpu").tokenizer) == "mask"
+    assert (
+        resolve_removal(
+            "auto", load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES).tokenizer
+        )
+        == "mask"
+    )
 
 
 def test_mismatched_model_and_data_or_no_pair_left_exit_2(
@@ -298,7 +305,7 @@ def test_items_the_model_gets_wrong_are_summarised_apart(llama, tmp_path):
         for split in ("all", "a", "b")
     }
     whole = Result.from_document(runs["all"])
-    loaded = load_model(str(llama), "cpu")
+    loaded = load_model(str(llama), "cpu", architectures=ARCHITECTURES)
     expected = []
     for example_id in whole.example_ids:
         paradigm, row = example_id.split("-")
@@ -394,7 +401,9 @@ def test_auto_position_is_the_last_token_of_a_language_model_without_a_spec(llam
 
 
 def test_sanity_unties_a_tied_head_so_step_one_keeps_the_trained_input_embeddings(tmp_path):
-    loaded = load_model(str(save_tiny_decoder(tmp_path, "llama", tied=True)), "cpu")
+    loaded = load_model(
+        str(save_tiny_decoder(tmp_path, "llama", tied=True)), "cpu", architectures=ARCHITECTURES
+    )
     model = loaded.model
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
     trained = model.get_input_embeddings().weight.detach().clone()

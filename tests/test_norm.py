@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import examples, full_trace
+from helpers import ARCHITECTURES, examples, full_trace
 
 from attrib_bench.core.registry import load_registry
 from attrib_bench.model.load import load_model
@@ -19,7 +19,9 @@ from attrib_bench_plugins.norm import GLOBENC_EIGHT
 
 @pytest.fixture(scope="module", params=["tiny", "minilm"])
 def loaded(request, tiny_model, minilm):
-    return load_model(str(tiny_model) if request.param == "tiny" else minilm, "cpu")
+    return load_model(
+        str(tiny_model) if request.param == "tiny" else minilm, "cpu", architectures=ARCHITECTURES
+    )
 
 
 def test_decomposition_sums_back_to_the_layer(loaded):
@@ -176,7 +178,7 @@ def rolled_out(matrices: list[torch.Tensor]) -> list[torch.Tensor]:
 def test_golden_against_plain_float64_loops(minilm):
     """Every layer matrix, the local and rolled-out [CLS] rows of all eight methods, per example
     of a padded batch against its solo float64 computation; padded positions hold zeros."""
-    loaded = load_model(minilm, "cpu")
+    loaded = load_model(minilm, "cpu", architectures=ARCHITECTURES)
     trace = full_trace(loaded, examples()[:3])
     assert len(set(trace.batch.lengths)) == 3  # two of the three are padded
     registry = load_registry()

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from helpers import examples, one_batch
+from helpers import ARCHITECTURES, examples, one_batch
 
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
@@ -18,7 +18,7 @@ from attrib_bench_plugins.perturbation import KernelShap, Lime, Occlusion, Shapl
 
 
 def float64_trace(path, texts=None):
-    loaded = load_model(str(path), "cpu")
+    loaded = load_model(str(path), "cpu", architectures=ARCHITECTURES)
     loaded.model.double()
     items = examples() if texts is None else examples(texts)
     return loaded, trace_batch(loaded, one_batch(loaded, items), set())

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import SHARED_DATA
-from helpers import one_batch
+from helpers import ARCHITECTURES, one_batch
 
 from attrib_bench import Attribution, EvalContext
 from attrib_bench.core.errors import UsageError
@@ -161,7 +161,7 @@ def test_word_scores_sum_or_max_by_hand():
 
 
 def test_batches_carry_word_ids_and_rationale_losses(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     text = "unbelievably good w1 w2 w3 w4 w5 w6 terrible ending"
     items = [
         Example("0", text, rationale=(0, 1, 0, 0, 0, 0, 0, 0, 1, 1)),
@@ -228,7 +228,7 @@ def test_a_handmade_eraser_folder(tmp_path):
 
 
 def rationale_trace(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     items = [
         Example("0", "the plot was awful and boring", rationale=(0, 0, 0, 1, 0, 1)),
         Example("1", "a calm evening", rationale=(0, 0, 0)),  # nothing to find: NaN
@@ -299,7 +299,7 @@ def test_iou_f1_in_a_run_is_erasers_macro_f1(tiny_bert, run_cli, tmp_path):
 
 
 def test_no_rationales_is_an_evaluator_error(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     trace = trace_batch(loaded, one_batch(loaded, [Example("0", "no rationale here")]), set())
     with pytest.raises(UsageError, match="no word rationales"):
         Auprc().score(Attribution(aggregated_BLN=torch.rand(1, 1, 5)), EvalContext(trace, None, 0))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from helpers import examples, one_batch
+from helpers import ARCHITECTURES, examples, one_batch
 
 from attrib_bench.model.load import load_model
 
@@ -24,7 +24,7 @@ def model_position_ids(loaded, batch) -> torch.Tensor:
 
 
 def test_position_ids_match_the_model_on_a_padded_batch(tiny_model):
-    loaded = load_model(str(tiny_model), "cpu")
+    loaded = load_model(str(tiny_model), "cpu", architectures=ARCHITECTURES)
     batch = one_batch(loaded, examples())
     assert not batch.attention_mask_BN.bool().all()  # padded rows: where the families differ
     expected = model_position_ids(loaded, batch)
@@ -32,7 +32,7 @@ def test_position_ids_match_the_model_on_a_padded_batch(tiny_model):
 
 
 def test_roberta_positions_skip_padding(tiny_roberta):
-    loaded = load_model(str(tiny_roberta), "cpu")
+    loaded = load_model(str(tiny_roberta), "cpu", architectures=ARCHITECTURES)
     batch = one_batch(loaded, examples())
     positions = loaded.adapter.position_ids(batch.input_ids_BN)
     pad = loaded.model.config.pad_token_id

@@ -21,8 +21,8 @@ from attrib_bench.core.errors import UsageError
 from attrib_bench.reports.gate import gate_markdown
 from attrib_bench.reports.html import render_html
 from attrib_bench.reports.markdown import render_markdown
+from attrib_bench.results.compare import compare
 from attrib_bench.results.typed import load_results
-from attrib_bench.testing.gate import compare
 
 MUTANTS = 300
 #: Replacement values: each is the wrong type or an out-of-range value somewhere.

@@ -253,7 +253,8 @@ def test_progress_moves_per_method_within_a_batch(tiny_bert, monkeypatch):
     """One batch of four and two methods: two steps of four, not one step at the batch's end;
     each step's work is the batch's padded tokens (what the time left is estimated from)."""
     from attrib_bench.core import console
-    from attrib_bench.runner.engine import MethodState, RunConfig, attribution_stream, prepare
+    from attrib_bench.runner.engine import attribution_stream, prepare
+    from attrib_bench.runner.state import MethodState, RunConfig
 
     steps: list[int] = []
     works: list[tuple[float, bool]] = []
@@ -330,7 +331,8 @@ def test_a_batchs_erasures_are_pooled_over_methods_and_evaluators(tiny_bert, mon
     """The runner calls every pair's ``plan`` before any ``score``: each batch's erasures, over
     two methods and two evaluators, run in one pass (tiny inputs, far under the token budget),
     where scoring pair by pair runs several; the per-example scores are the same."""
-    from attrib_bench.runner.engine import RunConfig, run_benchmark
+    from attrib_bench.runner.engine import run_benchmark
+    from attrib_bench.runner.state import RunConfig
     from attrib_bench.toolkit import erasure
     from attrib_bench_plugins import faithfulness
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from helpers import examples, one_batch
+from helpers import ARCHITECTURES, examples, one_batch
 
 from attrib_bench import EvalContext, UsageError
 from attrib_bench.model.load import load_model
@@ -20,7 +20,7 @@ from attrib_bench_plugins.sanity import ModelRandomization, cascade, reinitializ
 
 @pytest.fixture(scope="module")
 def loaded(tiny_bert):
-    return load_model(str(tiny_bert), "cpu")
+    return load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
 
 
 def test_cascade_is_head_then_layers_from_the_top(loaded):
@@ -84,7 +84,7 @@ def test_step_one_leaves_attention_unchanged_and_changes_gradients(loaded):
 def test_cascade_randomises_the_head_then_layers_top_down_and_spares_the_trained_model(
     tiny_model,
 ):
-    loaded = load_model(str(tiny_model), "cpu")
+    loaded = load_model(str(tiny_model), "cpu", architectures=ARCHITECTURES)
     trained = {k: v.clone() for k, v in loaded.model.state_dict().items()}
     trace = trace_batch(loaded, one_batch(loaded, examples()), set())
     recorder = Recorder()

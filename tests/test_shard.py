@@ -100,7 +100,8 @@ def test_three_shards_hold_the_full_runs_batches(tiny_bert):
     """Seven examples in four batches of two: the shards hold batches [0, 1), [1, 2), [2, 4)
     (floor(i * 4 / 3)), each batch exactly as the full run batches it, so every number is the
     full run's at any batch size."""
-    from attrib_bench.runner.engine import RunConfig, prepare
+    from attrib_bench.runner.engine import prepare
+    from attrib_bench.runner.state import RunConfig
 
     def batches(shard: str | None, limit: int = 7) -> tuple[list[list[str]], list[str]]:
         config = RunConfig(

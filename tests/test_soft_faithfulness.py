@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import examples, full_trace
+from helpers import ARCHITECTURES, examples, full_trace
 
 from attrib_bench import Attribution, EvalContext
 from attrib_bench.model.load import load_model
@@ -83,7 +83,7 @@ def reference(loaded, trace, attribution, metric: str, normalise: bool, samples:
 @pytest.mark.parametrize("cls", [SoftComprehensiveness, SoftSufficiency])
 @pytest.mark.parametrize("normalise", [True, False])
 def test_matches_a_per_example_loop_with_the_same_masks(tiny_bert, cls, normalise):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     trace = full_trace(loaded, examples())
     attribution = seeded_attribution(trace, 0)
     evaluator = cls().configure({"normalise": str(normalise).lower(), "samples": "3"})
@@ -97,7 +97,7 @@ def test_matches_a_per_example_loop_with_the_same_masks(tiny_bert, cls, normalis
 
 @pytest.mark.parametrize("cls", [SoftComprehensiveness, SoftSufficiency])
 def test_reproducible_from_the_seed_and_invariant_to_min_max(tiny_bert, cls):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     trace = full_trace(loaded, examples())
     attribution = seeded_attribution(trace, 0)
     evaluator = cls().configure({"normalise": "false"})

@@ -10,7 +10,8 @@ import pytest
 
 from attrib_bench.data import batches as batch_module
 from attrib_bench.runner import engine
-from attrib_bench.runner.engine import RunConfig, run_benchmark
+from attrib_bench.runner.engine import run_benchmark
+from attrib_bench.runner.state import RunConfig
 
 
 @pytest.mark.parametrize("cache", [False, True])

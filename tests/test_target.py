@@ -9,15 +9,17 @@ import math
 import pytest
 import torch
 from captum.attr import InputXGradient, IntegratedGradients
-from helpers import examples, one_batch
+from helpers import ARCHITECTURES, examples, one_batch
 from test_faithfulness import toy_trace
 from test_gradient import from_embedding_output, pad_baseline
 
 from attrib_bench import UsageError
 from attrib_bench.core.interfaces import Batch, Example
 from attrib_bench.core.target import DEFAULT_TARGET, Target, target_score
+from attrib_bench.core.trace import default_target_position
+from attrib_bench.core.trace_fields import TRACE_FIELDS
 from attrib_bench.model.load import load_model
-from attrib_bench.model.trace import TRACE_FIELDS, default_target_position, trace_batch
+from attrib_bench.model.trace import trace_batch
 from attrib_bench.toolkit.norm_decomposition import norm_family
 from attrib_bench.toolkit.token_contributions import contributions
 from attrib_bench_plugins.attention import Rollout
@@ -32,7 +34,7 @@ LAST = Target(position="last")
 
 @pytest.fixture(scope="module")
 def bert(tiny_bert):
-    return load_model(str(tiny_bert), "cpu")
+    return load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
 
 
 def traced(loaded, target: Target, requires=frozenset(), items=None):
@@ -467,7 +469,8 @@ def test_target_is_chosen_per_run_and_recorded_in_the_result(
 
 def test_the_default_runs_cache_key_holds_the_resolved_target(tiny_bert, tiny_roberta):
     from attrib_bench.runner.cache import run_identity
-    from attrib_bench.runner.engine import RunConfig, prepare
+    from attrib_bench.runner.engine import prepare
+    from attrib_bench.runner.state import RunConfig
 
     for model in (tiny_bert, tiny_roberta):
         prepared = prepare(RunConfig(model=str(model), limit=2), quiet=True)

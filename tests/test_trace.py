@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import examples, full_trace, one_batch
+from helpers import ARCHITECTURES, examples, full_trace, one_batch
 
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
@@ -12,7 +12,7 @@ from attrib_bench.model.trace import trace_batch
 
 @pytest.fixture(scope="module")
 def loaded_tiny(tiny_model):
-    return load_model(str(tiny_model), "cpu")
+    return load_model(str(tiny_model), "cpu", architectures=ARCHITECTURES)
 
 
 def test_one_forward_pass_per_trace(loaded_tiny):

@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import examples, one_batch
+from helpers import ARCHITECTURES, examples, one_batch
 from test_plugins import assert_one_line_error, write_module
 
 import attrib_bench
 from attrib_bench import TraceField, UsageError
 from attrib_bench.core.registry import BUILTIN_SOURCE, load_registry
+from attrib_bench.core.trace_fields import TRACE_FIELDS
 from attrib_bench.model.load import load_model
-from attrib_bench.model.trace import TRACE_FIELDS, trace_batch
+from attrib_bench.model.trace import trace_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELD_PLUGIN = ROOT / "tests" / "plugin_fixtures" / "trace_field_plugin.py"
@@ -59,7 +60,7 @@ MISSPELLED = """
 
 @pytest.fixture(scope="module")
 def loaded_bert(tiny_bert):
-    return load_model(str(tiny_bert), "cpu")
+    return load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
 
 
 def hook_count(model: torch.nn.Module) -> int:

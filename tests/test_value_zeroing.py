@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import examples, full_trace, one_batch, rows_by_id
+from helpers import ARCHITECTURES, examples, full_trace, one_batch, rows_by_id
 
+from attrib_bench.core.adapter import unmet_capabilities
 from attrib_bench.core.interfaces import Example
-from attrib_bench.model.architectures import unmet_capabilities
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
 from attrib_bench.testing import check_attributor
@@ -22,7 +22,7 @@ from attrib_bench_plugins.value_zeroing import ValueZeroing, layer_matrix, zeroe
 
 @pytest.fixture(scope="module")
 def tiny64(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     loaded.model.double()
     return loaded
 
@@ -119,7 +119,7 @@ def test_batched_reruns_equal_one_at_a_time(tiny64):
 
 
 def test_model_precision_is_float64_up_to_float32_rounding(tiny_bert):
-    loaded = load_model(str(tiny_bert), "cpu")
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     trace = full_trace(loaded, examples())
     assert trace.hidden_states[0].dtype == torch.float32
     high = ValueZeroing().attribute(trace)
@@ -162,7 +162,7 @@ def _sst2(count: int) -> list[Example]:
 def test_float64_resolves_minilm_lower_layer_rankings(minilm):
     """In MiniLM's first layers zeroing one token moves [CLS] by distances summing to ~1e-5:
     1 - cos in float32 scrambles their ranking, the float64 rerun's ranking is batching-proof."""
-    loaded = load_model(minilm, "cpu")
+    loaded = load_model(minilm, "cpu", architectures=ARCHITECTURES)
     batch = one_batch(loaded, _sst2(8), 128)
     trace = trace_batch(loaded, batch, {"hidden_states"})
     path = loaded.adapter.spec.value

@@ -79,8 +79,8 @@ if TYPE_CHECKING:
         Example,
         ModelEvaluator,
     )
+    from attrib_bench.core.trace import Trace
     from attrib_bench.core.trace_fields import TRACE_FIELDS, TraceField
-    from attrib_bench.model.trace import Trace
 
 
 def __getattr__(name: str) -> Any:

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
+    from attrib_bench.results.compare import Comparison
     from attrib_bench.results.typed import Result
     from attrib_bench.runner.config import RunPlan
-    from attrib_bench.testing.gate import Comparison
 
 #: A result given as a ``Result``, its document or the path of its JSON file.
 Results = Union["Result", Mapping[str, Any], Path, str]
@@ -82,8 +82,8 @@ def evaluate(
     ...); the result is written to ``output`` when given."""
     from attrib_bench.core.errors import UsageError
     from attrib_bench.results import write_json
-    from attrib_bench.runner.engine import RunConfig
     from attrib_bench.runner.outside import evaluate as evaluate_file
+    from attrib_bench.runner.state import RunConfig
 
     try:
         config = RunConfig(**settings)
@@ -126,7 +126,7 @@ def check(
     and ``attrib_bench.reports.gate_markdown`` say what changed. A method gone from the
     results is a regression unless named in ``allow_removed``; a different model or reference
     is a UsageError unless allowed."""
-    from attrib_bench.testing.gate import DEFAULT_TOLERANCE, compare
+    from attrib_bench.results.compare import DEFAULT_TOLERANCE, compare
 
     return compare(
         load(results),

@@ -371,8 +371,8 @@ def _parameters_text(parameters: dict[str, dict]) -> str:
 def _architectures(registry: Registry) -> list[dict]:
     """Each model family once: its model types, capabilities and plugin, and the attributors
     whose ``needs`` it offers (the check the runner makes before a method's first batch)."""
+    from attrib_bench.core.adapter import unmet_capabilities
     from attrib_bench.core.architecture_spec import CAPABILITIES
-    from attrib_bench.model.architectures import unmet_capabilities
 
     families = {id(reg.obj): reg for reg in registry.architectures.values()}.values()
     listing = [
@@ -504,8 +504,7 @@ def _run(args: argparse.Namespace, out: Console) -> int:
 
 def _check(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.api import check
-    from attrib_bench.reports.gate import gate_markdown
-    from attrib_bench.testing.gate import write_step_summary
+    from attrib_bench.reports.gate import gate_markdown, write_step_summary
 
     comparison = check(
         args.results,
@@ -596,7 +595,7 @@ def _evaluate(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.reports.leaderboard import leaderboard
     from attrib_bench.results import check_writable, exit_status
     from attrib_bench.runner.distributed import launched, refuse
-    from attrib_bench.runner.engine import RunConfig
+    from attrib_bench.runner.state import RunConfig
 
     if launched():  # every process would score the whole file
         refuse("evaluate runs in one process, not under torchrun or accelerate launch")
@@ -641,6 +640,7 @@ def _seed_list(value: str) -> list[int]:
 
 
 def _finetune(args: argparse.Namespace, out: Console) -> int:
+    from attrib_bench.core.registry import load_registry
     from attrib_bench.model.finetune import (
         FinetuneConfig,
         default_model_source,
@@ -680,13 +680,18 @@ def _finetune(args: argparse.Namespace, out: Console) -> int:
             shown += f"  re-training mse: {before:.4g} -> {after:.4g}"
         return shown
 
+    architectures = load_registry().architecture_specs()
     if seeds is None:
-        directory = finetune(config, args.output, args.device, quiet=args.quiet)
+        directory = finetune(
+            config, args.output, args.device, quiet=args.quiet, architectures=architectures
+        )
         metadata = read_metadata(directory)
         shown = accuracy(metadata)
         out.print(f"model: {directory}\naccuracy: {shown}\ntraining seconds: {metadata['seconds']}")
         return ExitCode.OK
-    directories = finetune_seeds(config, seeds, args.output, args.device, quiet=args.quiet)
+    directories = finetune_seeds(
+        config, seeds, args.output, args.device, quiet=args.quiet, architectures=architectures
+    )
     for seed, directory in zip(seeds, directories, strict=True):
         metadata = read_metadata(directory)
         out.print(
@@ -704,9 +709,11 @@ def _identifiability(args: argparse.Namespace, out: Console) -> int:
         run_identifiability,
         table,
     )
+    from attrib_bench.core.registry import load_registry
     from attrib_bench.runner.engine import resolve_model
 
-    model = args.model or resolve_model(None, args.device).model_id
+    architectures = load_registry().architecture_specs()
+    model = args.model or resolve_model(None, args.device, architectures=architectures).model_id
     config = IdentifiabilityConfig(
         model=model,
         dataset=args.dataset,
@@ -724,7 +731,9 @@ def _identifiability(args: argparse.Namespace, out: Console) -> int:
         seed=args.seed,
         device=args.device,
     )
-    report = run_identifiability(config, args.output_dir)
+    report = run_identifiability(
+        config, args.output_dir, architectures=load_registry().architecture_specs()
+    )
     out.print(table(report))
     stderr.print(f"written: {args.output_dir}/identifiability.json and identifiability.png")
     return ExitCode.OK
@@ -737,6 +746,7 @@ def _similarity(args: argparse.Namespace, out: Console) -> int:
         run_similarity,
         tables,
     )
+    from attrib_bench.core.registry import load_registry
     from attrib_bench.results import write_json
 
     config = SimilarityConfig(
@@ -758,7 +768,9 @@ def _similarity(args: argparse.Namespace, out: Console) -> int:
         device=args.device,
         max_gram_rows=args.max_gram_rows or None,
     )
-    report = run_similarity(config, quiet=args.quiet)
+    report = run_similarity(
+        config, quiet=args.quiet, architectures=load_registry().architecture_specs()
+    )
     write_json(report, args.output)
     for table in tables(report):
         out.print(table)

@@ -127,7 +127,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
     if getattr(args, "target", None) is not None:
         Target.parse(args.target)
     if getattr(args, "shard", None) is not None:
-        from attrib_bench.results.merge import parse_shard  # numpy: only when asked
+        from attrib_bench.core.shards import parse_shard  # numpy: only when asked
 
         parse_shard(args.shard)
     if args.command in RUN_COMMANDS:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,10 +25,12 @@ import torch
 from torch import nn
 
 from attrib_bench.core import console
+from attrib_bench.core.architecture_spec import ArchitectureSpec
 from attrib_bench.core.errors import UsageError
+from attrib_bench.core.loaded_model import LoadedModel
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import load_examples
-from attrib_bench.model.load import LoadedModel, load_model
+from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
 from attrib_bench.toolkit.token_contributions import contributions
 
@@ -272,10 +275,17 @@ def plot(report: dict, path: Path) -> None:
     figure.savefig(path, dpi=120)
 
 
-def run_identifiability(config: IdentifiabilityConfig, output_dir: Path) -> dict:
+def run_identifiability(
+    config: IdentifiabilityConfig,
+    output_dir: Path,
+    *,
+    architectures: Mapping[str, ArchitectureSpec],
+) -> dict:
+    """Fit the token-identifiability maps and write the report; ``architectures`` are the
+    model families known (``Registry.architecture_specs()``)."""
     if config.folds < 1 or config.max_epochs < 1 or config.patience < 1:
         raise UsageError("--folds, --max-epochs and --patience must be at least 1")
-    loaded = load_model(config.model, config.device)
+    loaded = load_model(config.model, config.device, architectures=architectures)
     data, sentences = sentence_states(loaded, config)
     if len(sentences) < 7:
         raise UsageError(f"identifiability needs at least 7 sentences, got {len(sentences)}")

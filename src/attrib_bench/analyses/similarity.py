@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,7 @@ import scipy.linalg
 import torch
 
 from attrib_bench.core import console
+from attrib_bench.core.architecture_spec import ArchitectureSpec
 from attrib_bench.core.errors import UsageError, unknown_choice
 
 MEASURES = ("linear_cka", "rbf_cka", "svcca", "pwcca", "procrustes", "linreg_r2")
@@ -487,7 +489,14 @@ def _random_name(model: str, seed: int) -> str:
     return f"random-init:{model}@seed{seed}"
 
 
-def run_similarity(config: SimilarityConfig, quiet: bool = False) -> dict:
+def run_similarity(
+    config: SimilarityConfig,
+    quiet: bool = False,
+    *,
+    architectures: Mapping[str, ArchitectureSpec],
+) -> dict:
+    """Compare the models' representations layer by layer; ``architectures`` are the model
+    families known (``Registry.architecture_specs()``)."""
     from attrib_bench.data.load import load_examples
     from attrib_bench.model.load import load_model
 
@@ -520,7 +529,10 @@ def run_similarity(config: SimilarityConfig, quiet: bool = False) -> dict:
         )
     config.measures = measure_names(config)
     unique = list(dict.fromkeys(config.models))
-    loaded = {name: load_model(name, config.device, warn_fresh_head=False) for name in unique}
+    loaded = {
+        name: load_model(name, config.device, warn_fresh_head=False, architectures=architectures)
+        for name in unique
+    }
     features: dict[str, Features] = {}
     random_of = random_representatives(loaded)
     for name, model in loaded.items():

@@ -2,7 +2,7 @@
 capabilities an attributor may need.
 
 A plain data type that plugins return from the ``attrib_bench_architectures`` hook; the adapter
-that reads a model through a spec is ``attrib_bench.model.architectures.EncoderAdapter``.
+that reads a model through a spec is ``attrib_bench.core.adapter.EncoderAdapter``.
 """
 
 from __future__ import annotations

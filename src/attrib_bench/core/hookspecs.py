@@ -26,7 +26,7 @@ def attrib_bench_evaluators() -> list:
 
 @hookspec
 def attrib_bench_architectures() -> list:
-    """Return a list of ``attrib_bench.model.architectures.ArchitectureSpec`` objects.
+    """Return a list of ``attrib_bench.core.adapter.ArchitectureSpec`` objects.
 
     Each serves the Hugging Face ``model_type``s in its ``model_types``; two plugins serving one
     model type is an error that names both plugins.

@@ -237,7 +237,7 @@ def _collect_architectures(pm: pluggy.PluginManager) -> dict[str, Registered]:
                 impl.plugin_name,
                 spec,
                 ArchitectureSpec,
-                "attrib_bench.model.architectures.ArchitectureSpec",
+                "attrib_bench.core.adapter.ArchitectureSpec",
                 "architecture",
             )
             for model_type in spec.model_types:

@@ -39,7 +39,7 @@ from attrib_bench.core.errors import UsageError
 if TYPE_CHECKING:  # torch loads with the first tensor: the CLI parses --target before it
     import torch
 
-    from attrib_bench.core.interfaces import Example
+    from attrib_bench.core.batch import Example
 
 POSITIONS = ("auto", "first", "last")
 #: What ``position=auto`` may resolve to (an ``ArchitectureSpec.target_position``).

@@ -15,7 +15,7 @@ from attrib_bench.core.errors import UsageError
 if TYPE_CHECKING:
     from torch import nn
 
-    from attrib_bench.model.architectures import EncoderAdapter
+    from attrib_bench.core.adapter import EncoderAdapter
 
 #: What a module hook keeps of each call: its return value, its first input, or every argument.
 KEEP = ("output", "input", "call")

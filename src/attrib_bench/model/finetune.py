@@ -21,7 +21,7 @@ import os
 import shutil
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -30,11 +30,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from attrib_bench.core import console
+from attrib_bench.core.architecture_spec import ArchitectureSpec
 from attrib_bench.core.cache_dir import cache_root
 from attrib_bench.core.errors import UsageError
+from attrib_bench.core.loaded_model import LoadedModel
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import DEFAULT_DATASET, LoadedData, load_examples
-from attrib_bench.model.load import LoadedModel, load_model
+from attrib_bench.model.load import load_model
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -329,6 +331,7 @@ def _train(
     data: LoadedData,
     device: str,
     quiet: bool,
+    architectures: Mapping[str, ArchitectureSpec],
     shared_bar: tuple[console.Progress, int] | None = None,
     proxy_report: dict | None = None,
 ) -> LoadedModel:
@@ -343,7 +346,13 @@ def _train(
     ``proxy_report``."""
     torch.manual_seed(config.seed)  # the fresh head's initialisation, then dropout's masks
     num_labels = data.num_labels
-    loaded = load_model(config.model, device, num_labels=num_labels, warn_fresh_head=False)
+    loaded = load_model(
+        config.model,
+        device,
+        num_labels=num_labels,
+        warn_fresh_head=False,
+        architectures=architectures,
+    )
     batches, _ = make_batches(data.examples, loaded.tokenizer, config.batch_size, config.max_length)
     steps = config.epochs * len(batches)
     proxy_steps = config.reinit_steps if config.reinit_top else 0
@@ -382,7 +391,7 @@ def _train(
     return loaded
 
 
-def _check_proxy(config: FinetuneConfig) -> None:
+def _check_proxy(config: FinetuneConfig, architectures: Mapping[str, ArchitectureSpec]) -> None:
     """Refuse a proxy the model cannot have, from its config alone (before any training)."""
     if config.reinit_top < 0:
         raise UsageError(f"--reinit-top must be at least 0, got {config.reinit_top}")
@@ -394,12 +403,10 @@ def _check_proxy(config: FinetuneConfig) -> None:
         raise UsageError(
             f"the re-training learning rate must be positive, got {config.reinit_learning_rate}"
         )
-    from attrib_bench.core.registry import load_registry
     from attrib_bench.model.load import _config
 
     model_config = _config(config.model)
     model_type = model_config.model_type
-    architectures = load_registry().architecture_specs()
     spec = architectures.get(model_type)
     if spec is None:
         raise UsageError(
@@ -418,7 +425,7 @@ def _check_proxy(config: FinetuneConfig) -> None:
         )
 
 
-def _check(config: FinetuneConfig) -> LoadedData:
+def _check(config: FinetuneConfig, architectures: Mapping[str, ArchitectureSpec]) -> LoadedData:
     """Refuse bad settings; the training split."""
     for name, value in (
         ("batch-size", config.batch_size),
@@ -427,7 +434,7 @@ def _check(config: FinetuneConfig) -> LoadedData:
     ):
         if value < 1:
             raise UsageError(f"--{name} must be at least 1, got {value}")
-    _check_proxy(config)
+    _check_proxy(config, architectures)
     train = _train_data(config)
     if train.num_labels is None:
         raise UsageError(f"dataset {train.name!r} split {train.split!r} has no labels to train on")
@@ -448,15 +455,16 @@ def _build(
     target: Path,
     device: str,
     quiet: bool,
+    architectures: Mapping[str, ArchitectureSpec],
     shared_bar: tuple[console.Progress, int] | None = None,
 ) -> None:
     start = time.perf_counter()
     proxy: dict = {}
     extra = {"proxy_report": proxy} if config.reinit_top else {}
     if shared_bar is None:  # the single fine-tune's call, as tests and callers patch it
-        loaded = _train(config, train, device, quiet, **extra)
+        loaded = _train(config, train, device, quiet, architectures, **extra)
     else:
-        loaded = _train(config, train, device, quiet, shared_bar, **extra)
+        loaded = _train(config, train, device, quiet, architectures, shared_bar, **extra)
     seconds = time.perf_counter() - start
     evaluation = _eval_data(config, train.split)
     metadata = {
@@ -488,17 +496,23 @@ def _deliver(target: Path, output: Path | None) -> Path:
 
 
 def finetune(
-    config: FinetuneConfig, output: Path | None = None, device: str = "auto", quiet: bool = False
+    config: FinetuneConfig,
+    output: Path | None = None,
+    device: str = "auto",
+    quiet: bool = False,
+    *,
+    architectures: Mapping[str, ArchitectureSpec],
 ) -> Path:
-    """Fine-tune (or reuse the cached result) and return the model directory.
+    """Fine-tune (or reuse the cached result) and return the model directory. ``architectures``:
+    the model families known (``Registry.architecture_specs()``), as ``load_model`` takes them.
 
     The result is stored under the cache keyed by every input that changes the weights; with
     ``output`` it is also copied there.
     """
-    train = _check(config)
+    train = _check(config, architectures)
     target = _target(config, train)
     if not _is_cached(target):
-        _build(config, train, target, device, quiet)
+        _build(config, train, target, device, quiet, architectures)
     warn_near_chance(target, config.model)
     return _deliver(target, output)
 
@@ -509,6 +523,8 @@ def finetune_seeds(
     output: Path | None = None,
     device: str = "auto",
     quiet: bool = False,
+    *,
+    architectures: Mapping[str, ArchitectureSpec],
 ) -> list[Path]:
     """One model per seed (``config.seed`` replaced by each), each cached as :func:`finetune`
     caches one; one progress bar over seeds x steps. With ``output``, model ``s`` is copied to
@@ -522,7 +538,7 @@ def finetune_seeds(
     seeds = list(seeds)
     if not seeds or len(set(seeds)) != len(seeds):
         raise UsageError(f"seeds must be distinct and at least one, got {seeds}")
-    train = _check(config)
+    train = _check(config, architectures)
     configs = [replace(config, seed=seed) for seed in seeds]
     targets = [_target(one, train) for one in configs]
     pairs = zip(configs, targets, strict=True)
@@ -533,7 +549,7 @@ def finetune_seeds(
         with console.progress(disable=quiet) as bar:
             task = bar.add_task("fine-tuning", total=per_seed * len(todo))
             for one, target in todo:
-                _build(one, train, target, device, quiet, (bar, task))
+                _build(one, train, target, device, quiet, architectures, (bar, task))
     for seed, target in zip(seeds, targets, strict=True):
         warn_near_chance(target, f"seed {seed}")
     return [
@@ -546,7 +562,9 @@ def read_metadata(model_dir: Path) -> dict:
     return json.loads((Path(model_dir) / METADATA_FILE).read_text())
 
 
-def ensure_default_model(device: str = "auto", quiet: bool = False) -> Path:
+def ensure_default_model(
+    device: str = "auto", quiet: bool = False, *, architectures: Mapping[str, ArchitectureSpec]
+) -> Path:
     """The embedded default: MiniLM fine-tuned on the generated default dataset (cached)."""
     config = FinetuneConfig(model=default_model_source(), dataset="default")
-    return finetune(config, device=device, quiet=quiet)
+    return finetune(config, device=device, quiet=quiet, architectures=architectures)

@@ -16,7 +16,7 @@ import torch
 import transformers
 
 from attrib_bench.core.cache_dir import cache_root
-from attrib_bench.model.load import LoadedModel
+from attrib_bench.core.loaded_model import LoadedModel
 
 #: Bump when what a random-init copy holds changes.
 RANDOM_INIT_VERSION = 1

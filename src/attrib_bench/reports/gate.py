@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from attrib_bench.testing.gate import Comparison, Delta
+    from attrib_bench.results.compare import Comparison, Delta
 
+#: Where GitHub Actions reads a job's summary from (a file it shows on the run page).
+SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 #: Config keys that never change a number (the summary still lists them, marked as such).
 HARMLESS_CONFIG = frozenset({"batch_size", "device"})
 
@@ -128,3 +132,13 @@ def gate_markdown(
             lines.append(f"- `{key}`: {_value(before)} → {_value(now)}{harmless}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def write_step_summary(text: str) -> Path | None:
+    """Append to ``$GITHUB_STEP_SUMMARY`` when set (GitHub Actions shows it on the run page)."""
+    target = os.environ.get(SUMMARY_ENV)
+    if not target:
+        return None
+    with open(target, "a", encoding="utf-8") as handle:
+        handle.write(text + "\n")
+    return Path(target)

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from attrib_bench.core.errors import UsageError
+from attrib_bench.core.shards import parse_shard
 from attrib_bench.results.paired import Paired, paired_section
 from attrib_bench.results.stats import summarize_by_answer, summarize_corpus, summarize_layers
 from attrib_bench.results.typed import LayerScore, MethodResult, Result
@@ -41,22 +42,6 @@ PER_PART_CONFIG = frozenset({"dataset", "split", "limit", "batch_size", "device"
 #: Not the batch size: shard i is a slice of the run's batches, so shards made at different batch
 #: sizes can leave examples out or hold some twice.
 PER_SHARD_CONFIG = frozenset({"shard", "device"})
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """``"i/N"`` as (i, N), 1 <= i <= N: shard i of N (``run --shard``; which examples, see
-    ``attrib_bench.runner.engine.shard_batches``)."""
-    index, slash, count = str(text).strip().partition("/")
-    try:
-        i, n = int(index), int(count)
-    except ValueError:
-        i = n = 0
-    if not slash or n < 1 or not 1 <= i <= n:
-        raise UsageError(
-            f"--shard must be i/N with whole numbers 1 <= i <= N (2/4: the second of four "
-            f"shards), got {text!r}"
-        )
-    return i, n
 
 
 def _same(parts: Sequence[Result], what: str, value: Any) -> None:

@@ -12,14 +12,8 @@ from pathlib import Path
 
 import torch
 
-from attrib_bench.runner.engine import (
-    MethodState,
-    Prepared,
-    RunConfig,
-    attribution_stream,
-    prepare,
-    selected_specs,
-)
+from attrib_bench.runner.engine import attribution_stream, prepare, selected_specs
+from attrib_bench.runner.state import MethodState, Prepared, RunConfig
 
 
 def write_attributions(config: RunConfig, output: Path, quiet: bool = False) -> bool:

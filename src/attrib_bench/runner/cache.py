@@ -44,7 +44,7 @@ from attrib_bench.core.interfaces import KINDS, Attribution, Batch
 from attrib_bench.core.registry import Spec
 
 if TYPE_CHECKING:
-    from attrib_bench.runner.engine import MethodState, Prepared
+    from attrib_bench.runner.state import MethodState, Prepared
 
 #: Bump when the entry layout or the meaning of a key changes.
 FORMAT = 1
@@ -135,7 +135,7 @@ def source_digest(module_name: str, exclude: frozenset[str] = frozenset()) -> st
     return uuid.uuid4().hex
 
 
-def _version(distribution: str) -> str | None:
+def package_version(distribution: str) -> str | None:
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
@@ -169,7 +169,7 @@ def run_identity(prepared: Prepared, seed: int) -> dict[str, Any]:
         "seed": seed,
         "target": str(prepared.target),
         "device": loaded.device.type,
-        "packages": {name: _version(name) for name in KEY_PACKAGES},
+        "packages": {name: package_version(name) for name in KEY_PACKAGES},
         "core": source_digest("attrib_bench.runner.engine", exclude=PRESENTATION_MODULES),
     }
 

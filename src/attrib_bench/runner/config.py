@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from attrib_bench.core.errors import UsageError
-from attrib_bench.runner.engine import RunConfig
+from attrib_bench.runner.state import RunConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -238,9 +238,13 @@ def build_model(plan: RunPlan, quiet: bool = False) -> RunPlan:
     """Fine-tune the model the plan's ``[finetune]`` describes (cached) and point the run at it."""
     if plan.finetune is None:
         return plan
+    from attrib_bench.core.registry import load_registry
     from attrib_bench.model.finetune import finetune, read_metadata
 
-    directory = finetune(plan.finetune, device=plan.config.device, quiet=quiet)
+    architectures = load_registry(plan.config.plugins).architecture_specs()
+    directory = finetune(
+        plan.finetune, device=plan.config.device, quiet=quiet, architectures=architectures
+    )
     plan.config.model = str(directory)
     plan.extra["finetune"] = read_metadata(directory)
     return plan

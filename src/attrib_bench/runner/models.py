@@ -28,15 +28,8 @@ from attrib_bench.core.errors import UsageError
 from attrib_bench.core.interfaces import KINDS, compares_models
 from attrib_bench.core.registry import Spec, load_registry
 from attrib_bench.model.finetune import warn_near_chance
-from attrib_bench.runner.engine import (
-    MethodState,
-    Prepared,
-    RunConfig,
-    SingleRun,
-    prepare,
-    run_benchmark,
-    run_single,
-)
+from attrib_bench.runner.engine import SingleRun, prepare, run_benchmark, run_single
+from attrib_bench.runner.state import MethodState, Prepared, RunConfig
 
 #: Model-comparing evaluators a run over several models scores when none are selected.
 DEFAULT_MODEL_EVALUATORS = (

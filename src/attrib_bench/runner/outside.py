@@ -33,8 +33,9 @@ from attrib_bench.core import console
 from attrib_bench.core.errors import UsageError, unknown_choice
 from attrib_bench.core.interfaces import Attribution, Batch, Example
 from attrib_bench.core.registry import Registered, Registry, Spec
-from attrib_bench.model.trace import Trace
-from attrib_bench.runner.engine import Prepared, RunConfig, prepare, run_single
+from attrib_bench.core.trace import Trace
+from attrib_bench.runner.engine import prepare, run_single
+from attrib_bench.runner.state import Prepared, RunConfig
 
 FORMATS = ("attribute", "generic", "captum", "eraser")
 REDUCTIONS = ("l2", "sum", "abs-sum")

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attrib_bench.reports.gate import gate_markdown
+from attrib_bench.results.compare import DEFAULT_TOLERANCE, Comparison, compare
 from attrib_bench.results.typed import Results, as_result
-from attrib_bench.testing.gate import DEFAULT_TOLERANCE, Comparison, compare
 
 if TYPE_CHECKING:
     from attrib_bench.testing.conformance import ConformanceError, check_attributor, check_evaluator
@@ -62,7 +62,7 @@ def assert_no_regression(
     all_layers: bool = False,
     **allowances: Any,
 ) -> Comparison:
-    """Fail with the check's Markdown summary when any score regressed (attrib_bench.testing.gate).
+    """Fail with the check's Markdown summary when any score regressed (results.compare).
 
     ``results`` and ``baseline`` are ``Result`` objects, documents or paths (``as_result``).
     ``allowances``: ``compare``'s ``allow_removed``, ``allow_model_change`` and

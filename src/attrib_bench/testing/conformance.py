@@ -38,12 +38,14 @@ from attrib_bench.core.interfaces import (
     compares_models,
     position_problem,
 )
+from attrib_bench.core.loaded_model import LoadedModel
 from attrib_bench.core.registry import load_registry
 from attrib_bench.core.target import DEFAULT_TARGET, Target
+from attrib_bench.core.trace import Trace, default_target_position
 from attrib_bench.core.trace_fields import TRACE_FIELDS, TraceField
 from attrib_bench.data.batches import make_batches
-from attrib_bench.model.load import LoadedModel, load_model
-from attrib_bench.model.trace import Trace, default_target_position, trace_batch
+from attrib_bench.model.load import load_model
+from attrib_bench.model.trace import trace_batch
 from attrib_bench.runner.engine import check_scores
 
 FAMILIES = ("bert", "roberta")
@@ -151,7 +153,9 @@ def tiny_model(family: str = "bert") -> LoadedModel:
     if family not in _TINY_MODELS:
         directory = Path(tempfile.mkdtemp(prefix=f"attrib-bench-tiny-{family}-"))
         try:
-            _TINY_MODELS[family] = load_model(str(save_tiny_model(directory, family)), "cpu")
+            path = str(save_tiny_model(directory, family))
+            architectures = load_registry().architecture_specs()
+            _TINY_MODELS[family] = load_model(path, "cpu", architectures=architectures)
         finally:
             shutil.rmtree(directory)
     return _TINY_MODELS[family]

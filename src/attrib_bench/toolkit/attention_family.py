@@ -18,7 +18,7 @@ from attrib_bench.core.interfaces import Attribution
 from attrib_bench.toolkit.aggregation import fixed_residual, layerwise_attribution
 
 if TYPE_CHECKING:
-    from attrib_bench.model.trace import Trace
+    from attrib_bench.core.trace import Trace
 
 
 def head_mean_attention(trace: Trace) -> list[torch.Tensor]:

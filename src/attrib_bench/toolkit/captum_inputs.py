@@ -18,8 +18,8 @@ from attrib_bench.core.errors import UsageError
 from attrib_bench.core.target import target_score
 
 if TYPE_CHECKING:
-    from attrib_bench.model.load import LoadedModel
-    from attrib_bench.model.trace import Trace
+    from attrib_bench.core.loaded_model import LoadedModel
+    from attrib_bench.core.trace import Trace
 
 
 def scored_forward(loaded: LoadedModel) -> Callable[..., torch.Tensor]:

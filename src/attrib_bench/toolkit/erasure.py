@@ -15,7 +15,7 @@ from attrib_bench.core.errors import UsageError
 
 if TYPE_CHECKING:
     from attrib_bench.core.interfaces import Batch
-    from attrib_bench.model.trace import Trace
+    from attrib_bench.core.trace import Trace
 
 REMOVALS = ("auto", "mask", "pad", "zero", "delete", "retokenize")
 

@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from attrib_bench.model.architectures import LayerNormParams
-    from attrib_bench.model.trace import Trace
+    from attrib_bench.core.adapter import LayerNormParams
+    from attrib_bench.core.trace import Trace
 
 #: The trace fields the decomposition reads: a norm variant built on it declares these.
 REQUIRES = frozenset({"attentions", "hidden_states", "values", "pre_layernorm"})

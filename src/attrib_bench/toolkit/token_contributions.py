@@ -18,7 +18,7 @@ import torch
 from torch.func import jacrev
 
 if TYPE_CHECKING:  # model.load imports transformers: `attrib-bench list` should not
-    from attrib_bench.model.load import LoadedModel
+    from attrib_bench.core.loaded_model import LoadedModel
 
 
 def hidden_states_from(loaded: LoadedModel, x_ND: torch.Tensor, layers: int) -> torch.Tensor:

@@ -31,10 +31,8 @@ decide the exit code.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,7 +42,6 @@ from attrib_bench.results.typed import Result, Results, as_result, source_name
 
 DEFAULT_TOLERANCE = 0.02
 RESAMPLES = 2000
-SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 
 
 @dataclass
@@ -418,13 +415,3 @@ def compare(
             + ")"
         )
     return comparison
-
-
-def write_step_summary(text: str) -> Path | None:
-    """Append to ``$GITHUB_STEP_SUMMARY`` when set (GitHub Actions shows it on the run page)."""
-    target = os.environ.get(SUMMARY_ENV)
-    if not target:
-        return None
-    with open(target, "a", encoding="utf-8") as handle:
-        handle.write(text + "\n")
-    return Path(target)
