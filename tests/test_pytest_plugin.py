@@ -110,12 +110,11 @@ def test_results_can_be_loaded_instead_of_run(project, tiny_bert):
         test_quality="""
         def test_from_file(attrib_bench):
             results = attrib_bench.run("bench.toml", limit=6)
-            assert len(results["example_ids"]) == 6
-            from attrib_bench.results import write_json
-            write_json(results, attrib_bench.path("results.json"))
+            assert len(results.example_ids) == 6
+            results.save(attrib_bench.path("results.json"))
             loaded = attrib_bench.load("results.json")
             comparison = attrib_bench.assert_no_regression("results.json", "results.json")
-            assert loaded.methods.keys() == results["methods"].keys()
+            assert loaded.methods.keys() == results.methods.keys()
             assert comparison.passed and all(row.delta == 0 for row in comparison.rows)
         """
     )

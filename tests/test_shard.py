@@ -202,8 +202,8 @@ def test_the_api_takes_a_shard(tiny_bert):
     settings |= {"attributors": ["attention"], "evaluators": ["spearman"], "agreement_k": 0}
     settings |= {"batch_size": 2}
     halves = [attrib_bench.run(shard=f"{i}/2", **settings) for i in (1, 2)]
-    assert [half["config"]["shard"] for half in halves] == ["1/2", "2/2"]
-    ids = [half["example_ids"] for half in halves]
+    assert [half.config["shard"] for half in halves] == ["1/2", "2/2"]
+    ids = [half.example_ids for half in halves]
     assert (len(ids[0]), len(ids[1])) == (2, 3)  # batches [0, 1) and [1, 3) of three
     assert sorted(ids[0] + ids[1]) == [f"default-test-{i}" for i in range(5)]
     with pytest.raises(UsageError, match="--shard must be i/N"):

@@ -550,11 +550,11 @@ def test_each_examples_own_foil_end_to_end(tiny_bert, monkeypatch):
     own = attrib_bench.run(
         **settings, target="position=last,score=contrastive,class=gold,foil=example"
     )
-    assert own["target"]["foil"] == "example"
+    assert own.extra["target"]["foil"] == "example"
     for spec in ("saliency", "integrated-gradients:steps=4"):
-        ours, theirs = own["methods"][spec], runner_up["methods"][spec]
-        assert ours["status"] == "ok"
-        assert ours["per_example"] == theirs["per_example"]
+        ours, theirs = own.methods[spec], runner_up.methods[spec]
+        assert ours.status == "ok"
+        assert ours.per_example == theirs.per_example
     # Foils equal to the gold class on every example: one line, exit 2, saying how many.
     with_foils(monkeypatch, lambda e: e.label)
     with pytest.raises(UsageError, match="equals the gold class for 6 of 6 examples"):

@@ -1,9 +1,9 @@
-"""attrib-bench: benchmark token-attribution methods for transformer classifiers.
+"""attrib-bench: benchmark token-attribution methods for transformer models.
 
-The public API: everything a plugin or a Python user needs is importable from here, the
-functions ``run``, ``check``, ``report`` and ``load`` (attrib_bench.api) included. The names are
-resolved on first use (PEP 562), so ``attrib-bench --help`` and usage errors answer without
-importing torch and transformers.
+The public API: everything a plugin or a Python user needs is importable from here, one function
+per ``attrib-bench`` command (attrib_bench.api), the typed result they return and the types
+plugins implement. The names are resolved on first use (PEP 562), so ``attrib-bench --help``
+and usage errors answer without importing torch and transformers.
 """
 
 from __future__ import annotations
@@ -16,10 +16,24 @@ __version__ = "0.1.0"
 #: Public name -> the module that defines it.
 _EXPORTS = {
     "run": "attrib_bench.api",
+    "evaluate": "attrib_bench.api",
+    "attribute": "attrib_bench.api",
     "check": "attrib_bench.api",
     "report": "attrib_bench.api",
-    "evaluate": "attrib_bench.api",
     "load": "attrib_bench.api",
+    "merge": "attrib_bench.api",
+    "list_plugins": "attrib_bench.api",
+    "finetune": "attrib_bench.api",
+    "Finetuned": "attrib_bench.api",
+    "identifiability": "attrib_bench.api",
+    "similarity": "attrib_bench.api",
+    "similarity_plots": "attrib_bench.api",
+    "clear_cache": "attrib_bench.api",
+    "Cleared": "attrib_bench.api",
+    "Result": "attrib_bench.results.typed",
+    "MethodResult": "attrib_bench.results.typed",
+    "LayerScore": "attrib_bench.results.typed",
+    "Comparison": "attrib_bench.results.compare",
     "ArchitectureSpec": "attrib_bench.core.architecture_spec",
     "Configurable": "attrib_bench.core.configurable",
     "ExitCode": "attrib_bench.core.errors",
@@ -34,7 +48,7 @@ _EXPORTS = {
     "Example": "attrib_bench.core.interfaces",
     "ModelEvaluator": "attrib_bench.core.interfaces",
     "TRACE_FIELDS": "attrib_bench.core.trace_fields",
-    "Trace": "attrib_bench.model.trace",
+    "Trace": "attrib_bench.core.trace",
     "TraceField": "attrib_bench.core.trace_fields",
 }
 
@@ -45,26 +59,56 @@ __all__ = [
     "Attribution",
     "Attributor",
     "Batch",
+    "Cleared",
+    "Comparison",
     "Configurable",
     "EvalContext",
     "Evaluator",
     "Example",
     "ExitCode",
+    "Finetuned",
+    "LayerScore",
+    "MethodResult",
     "ModelEvaluator",
+    "Result",
     "Trace",
     "TraceField",
     "UsageError",
     "__version__",
+    "attribute",
     "check",
+    "clear_cache",
     "evaluate",
+    "finetune",
     "hookimpl",
+    "identifiability",
+    "list_plugins",
     "load",
+    "merge",
     "report",
     "run",
+    "similarity",
+    "similarity_plots",
 ]
 
 if TYPE_CHECKING:
-    from attrib_bench.api import check, evaluate, load, report, run
+    from attrib_bench.api import (
+        Cleared,
+        Finetuned,
+        attribute,
+        check,
+        clear_cache,
+        evaluate,
+        finetune,
+        identifiability,
+        list_plugins,
+        load,
+        merge,
+        report,
+        run,
+        similarity,
+        similarity_plots,
+    )
     from attrib_bench.core.architecture_spec import ArchitectureSpec
     from attrib_bench.core.configurable import Configurable
     from attrib_bench.core.errors import ExitCode, UsageError
@@ -81,6 +125,8 @@ if TYPE_CHECKING:
     )
     from attrib_bench.core.trace import Trace
     from attrib_bench.core.trace_fields import TRACE_FIELDS, TraceField
+    from attrib_bench.results.compare import Comparison
+    from attrib_bench.results.typed import LayerScore, MethodResult, Result
 
 
 def __getattr__(name: str) -> Any:

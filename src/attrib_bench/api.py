@@ -1,16 +1,20 @@
-"""The Python API: what ``attrib-bench run``, ``check`` and ``report`` do, as three functions.
+"""The Python API: one function per ``attrib-bench`` command, so that Python does all the
+command line does.
 
-The command line is a thin layer over these; they raise ``attrib_bench.UsageError`` (one line)
-for bad input instead of exiting.
+The command line is a thin layer over these: it parses its flags, calls one of them and prints
+what it returns. They raise ``attrib_bench.UsageError`` (one line) for bad input instead of
+exiting. Runs return a typed :class:`~attrib_bench.results.Result`; its JSON is the file
+``--output`` writes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 if TYPE_CHECKING:
+    from attrib_bench.core.registry import Registry
     from attrib_bench.results.compare import Comparison
     from attrib_bench.results.typed import Result
     from attrib_bench.runner.config import RunPlan
@@ -25,9 +29,8 @@ def run(
     output: Path | str | None = None,
     quiet: bool = True,
     **settings: Any,
-) -> dict[str, Any] | None:
-    """Run a benchmark and return its result document (the JSON schema's content as a dict;
-    ``load`` gives it as a ``Result``).
+) -> Result | None:
+    """Run a benchmark and return its result.
 
     ``config`` is an optional TOML file; ``settings`` override it with the same keys
     (``model``, ``dataset``, ``split``, ``limit``, ``attributors=[...]``, ``evaluators=[...]``,
@@ -43,16 +46,18 @@ def run(
     return run_plan(make_plan(config, settings), quiet=quiet)
 
 
-def run_plan(plan: RunPlan, quiet: bool = True) -> dict[str, Any] | None:
+def run_plan(plan: RunPlan, quiet: bool = True) -> Result | None:
     """Run a resolved plan (a config merged with overrides): fine-tune if it says so, run,
     and write the result where the plan says. Under torchrun or accelerate launch each process
     runs its shard and rank 0 alone gets (and writes) the merged result; the others get None
     (attrib_bench.runner.distributed)."""
-    from attrib_bench.results import write_json
+    from attrib_bench.results import Result, check_writable, write_json
     from attrib_bench.runner.config import build_model
     from attrib_bench.runner.distributed import launched, run_sharded
     from attrib_bench.runner.models import run_config
 
+    if plan.output is not None:
+        check_writable(plan.output)
     if launched():
         document = run_sharded(plan, quiet)
         if document is None:
@@ -61,9 +66,28 @@ def run_plan(plan: RunPlan, quiet: bool = True) -> dict[str, Any] | None:
         plan = build_model(plan, quiet=quiet)
         document = run_config(plan.config, quiet=quiet, cache=plan.cache)
         document.update(plan.extra)
+    result = Result.from_document(document)
     if plan.output is not None:
         write_json(document, plan.output)
-    return document
+        result.source = str(plan.output)
+    return result
+
+
+def run_settings(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """For command lines: the run settings among parsed flags (``vars(args)``), as :func:`run`
+    takes them: the ``RunConfig`` fields given (not None), ``--plugin`` as ``plugins``,
+    ``--no-cache`` as ``cache=False``."""
+    from dataclasses import fields
+
+    from attrib_bench.runner.state import RunConfig
+
+    names = {f.name for f in fields(RunConfig)}
+    settings = {key: value for key, value in flags.items() if key in names and value is not None}
+    if flags.get("plugin"):
+        settings["plugins"] = flags["plugin"]
+    if flags.get("no_cache"):
+        settings["cache"] = False
+    return settings
 
 
 def evaluate(
@@ -75,20 +99,21 @@ def evaluate(
     output: Path | str | None = None,
     quiet: bool = True,
     **settings: Any,
-) -> dict[str, Any]:
-    """Score attributions computed elsewhere (``attrib-bench evaluate``) and return the result
-    document; formats and settings in attrib_bench.runner.outside. ``settings`` are RunConfig
+) -> Result:
+    """Score attributions computed elsewhere (``attrib-bench evaluate``) and return the result;
+    formats and settings in attrib_bench.runner.outside. ``settings`` are RunConfig
     keys (``model``, ``dataset``, ``limit``, ``evaluators=[...]``, ``reference``, ``target``,
     ...); the result is written to ``output`` when given."""
-    from attrib_bench.core.errors import UsageError
-    from attrib_bench.results import write_json
+    from attrib_bench.results import Result, check_writable, write_json
+    from attrib_bench.runner.distributed import launched, refuse
     from attrib_bench.runner.outside import evaluate as evaluate_file
     from attrib_bench.runner.state import RunConfig
 
-    try:
-        config = RunConfig(**settings)
-    except TypeError as error:
-        raise UsageError(f"evaluate: {error}") from None
+    if launched():  # every process would score the whole file
+        refuse("evaluate runs in one process, not under torchrun or accelerate launch")
+    if output is not None:
+        check_writable(Path(output))
+    config = _config(RunConfig, "evaluate", settings)
     document = evaluate_file(
         Path(attributions),
         config,
@@ -100,7 +125,7 @@ def evaluate(
     )
     if output is not None:
         write_json(document, Path(output))
-    return document
+    return Result.from_document(document)
 
 
 def load(results: Results) -> Result:
@@ -200,3 +225,231 @@ def report(
         Path(markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(markdown).write_text(text)
     return text
+
+
+def _config(kind: Any, command: str, settings: Mapping[str, Any]) -> Any:
+    """``kind(**settings)``, a misspelt or missing key as one UsageError naming the command."""
+    from attrib_bench.core.errors import UsageError
+
+    try:
+        return kind(**settings)
+    except TypeError as error:
+        raise UsageError(f"{command}: {error}") from None
+
+
+def list_plugins(plugins: Sequence[Path | str] = ()) -> dict[str, list[dict[str, Any]]]:
+    """What ``attrib-bench list`` shows: every attributor and evaluator installed (and in the
+    ``plugins`` files) with its description, parameters, whether a plain run takes it and its
+    plugin; every model family with its capabilities and the attributors it serves."""
+    from attrib_bench.core.registry import load_registry
+
+    registry = load_registry(plugins)
+    return {
+        "attributors": _plugin_rows(registry, "attributors"),
+        "evaluators": _plugin_rows(registry, "evaluators"),
+        "architectures": _architecture_rows(registry),
+    }
+
+
+def _parameters(obj: object) -> dict[str, dict[str, Any]]:
+    """A plugin's parameters: each default, and the allowed values where the set is closed."""
+    choices = getattr(obj, "choices", {})
+    return {
+        key: {"default": default, **({"choices": list(choices[key])} if key in choices else {})}
+        for key, default in getattr(obj, "parameters", {}).items()
+    }
+
+
+def _plugin_rows(registry: Registry, kind: str) -> list[dict[str, Any]]:
+    from attrib_bench.core.interfaces import compares_models
+
+    return [
+        {
+            "name": name,
+            "description": reg.obj.description,
+            "parameters": _parameters(reg.obj),
+            # A third party's attributor runs only when named (Registry.defaults).
+            "default_run": bool(getattr(reg.obj, "in_default_run", True))
+            and (reg.shipped or kind != "attributors"),
+            # A ModelEvaluator: scored in runs over several models (--models) only.
+            "compares_models": compares_models(reg.obj),
+            "plugin": reg.source,
+        }
+        for name, reg in sorted(getattr(registry, kind).items())
+    ]
+
+
+def _architecture_rows(registry: Registry) -> list[dict[str, Any]]:
+    """Each model family once: its model types, capabilities and plugin, and the attributors
+    whose ``needs`` it offers (the check the runner makes before a method's first batch)."""
+    from attrib_bench.core.adapter import unmet_capabilities
+    from attrib_bench.core.architecture_spec import CAPABILITIES
+
+    families = {id(reg.obj): reg for reg in registry.architectures.values()}.values()
+    listing = [
+        {
+            "model_types": list(reg.obj.model_types),
+            "capabilities": {
+                capability: getattr(reg.obj, capability) for capability in CAPABILITIES
+            },
+            "plugin": reg.source,
+            "attributors": [
+                name
+                for name, attributor in sorted(registry.attributors.items())
+                if not unmet_capabilities(attributor.obj, reg.obj)
+            ],
+        }
+        for reg in families
+    ]
+    return sorted(listing, key=lambda family: family["model_types"])
+
+
+def attribute(
+    output: Path | str, config: Path | str | None = None, *, quiet: bool = True, **settings: Any
+) -> bool:
+    """Write every selected method's attributions for every example to ``output`` (JSON Lines,
+    what ``evaluate`` and ``report --attributions`` read); False when a method failed.
+    ``config`` and ``settings`` are those of :func:`run`."""
+    from attrib_bench.results import check_writable
+    from attrib_bench.runner.attribute import write_attributions
+    from attrib_bench.runner.config import make_plan
+    from attrib_bench.runner.distributed import launched, refuse
+
+    if launched():  # every process would write the whole file
+        refuse("attribute runs in one process; split it over machines with --shard i/N")
+    check_writable(Path(output))
+    return write_attributions(make_plan(config, settings).config, Path(output), quiet=quiet)
+
+
+def merge(parts: Sequence[Results], *, output: Path | str | None = None) -> Result:
+    """Join the results of runs over disjoint examples (``run --shard i/N``) into the result
+    of the whole run; written to ``output`` when given."""
+    from attrib_bench.results import check_writable
+    from attrib_bench.results.merge import merge as merge_results
+
+    if output is not None:
+        check_writable(Path(output))
+    merged = merge_results([load(part) for part in parts])
+    if output is not None:
+        merged.save(output)
+    return merged
+
+
+class Finetuned(NamedTuple):
+    """A fine-tuned model: its directory (``run(model=...)`` takes it) and what made it (the
+    config, training seconds, held-out accuracy)."""
+
+    directory: Path
+    metadata: dict[str, Any]
+
+
+def finetune(
+    *,
+    seeds: Sequence[int] | None = None,
+    output: Path | str | None = None,
+    device: str = "auto",
+    quiet: bool = True,
+    plugins: Sequence[Path | str] = (),
+    **settings: Any,
+) -> list[Finetuned]:
+    """Fine-tune an encoder as a classifier (cached by every input that changes the weights)
+    and return the models: one, or with ``seeds`` one per seed in their order (copied to
+    ``output``/seed-S). ``settings`` are ``FinetuneConfig`` fields (``model``,
+    default the embedded MiniLM; ``dataset``, ``epochs``, ``learning_rate``, ``seed``,
+    ``reinit_top``, ...)."""
+    from attrib_bench.core.errors import UsageError
+    from attrib_bench.core.registry import load_registry
+    from attrib_bench.model.finetune import (
+        FinetuneConfig,
+        default_model_source,
+        finetune_seeds,
+        read_metadata,
+    )
+    from attrib_bench.model.finetune import finetune as finetune_one
+
+    if seeds is not None and "seed" in settings:
+        raise UsageError("give seed (one model) or seeds (one per seed), not both")
+    if "reinit_steps" in settings and not settings.get("reinit_top"):
+        raise UsageError("reinit_steps needs reinit_top K (K > 0)")
+    settings.setdefault("model", None)
+    settings["model"] = settings["model"] or default_model_source()
+    config = _config(FinetuneConfig, "finetune", settings)
+    architectures = load_registry(plugins).architecture_specs()
+    target = None if output is None else Path(output)
+    if seeds is None:
+        directories = [finetune_one(config, target, device, quiet, architectures=architectures)]
+    else:
+        directories = finetune_seeds(
+            config, seeds, target, device, quiet, architectures=architectures
+        )
+    return [Finetuned(directory, read_metadata(directory)) for directory in directories]
+
+
+def identifiability(
+    output_dir: Path | str,
+    *,
+    plugins: Sequence[Path | str] = (),
+    **settings: Any,
+) -> dict[str, Any]:
+    """Brunner et al.'s token identifiability and hidden-token attribution on a model (default:
+    the embedded one); writes ``identifiability.json`` and ``.png`` into ``output_dir`` and
+    returns the report. ``settings`` are ``IdentifiabilityConfig`` fields."""
+    from attrib_bench.analyses.identifiability import IdentifiabilityConfig, run_identifiability
+    from attrib_bench.core.registry import load_registry
+    from attrib_bench.runner.engine import resolve_model
+
+    architectures = load_registry(plugins).architecture_specs()
+    if settings.get("model") is None:
+        device = settings.get("device", "auto")
+        settings["model"] = resolve_model(None, device, architectures=architectures).model_id
+    config = _config(IdentifiabilityConfig, "identifiability", settings)
+    return run_identifiability(config, Path(output_dir), architectures=architectures)
+
+
+def similarity(
+    models: Sequence[str],
+    *,
+    output: Path | str | None = None,
+    quiet: bool = True,
+    plugins: Sequence[Path | str] = (),
+    **settings: Any,
+) -> dict[str, Any]:
+    """Compare two or more models' representations layer by layer (CKA family, SVCCA, PWCCA,
+    learned maps) beside a random-init floor; the report is written to ``output`` when given
+    (``report`` renders it, :func:`similarity_plots` draws it). ``settings`` are
+    ``SimilarityConfig`` fields."""
+    from attrib_bench.analyses.similarity import SimilarityConfig, run_similarity
+    from attrib_bench.core.registry import load_registry
+    from attrib_bench.results import write_json
+
+    config = _config(SimilarityConfig, "similarity", {"models": list(models), **settings})
+    architectures = load_registry(plugins).architecture_specs()
+    report = run_similarity(config, quiet=quiet, architectures=architectures)
+    if output is not None:
+        write_json(report, Path(output))
+    return report
+
+
+def similarity_plots(report: Mapping[str, Any], folder: Path | str) -> list[Path]:
+    """A heatmap PNG per model pair and measure of a :func:`similarity` report, in ``folder``
+    (needs matplotlib: ``attrib-bench[plot]``)."""
+    from attrib_bench.analyses.similarity import plot_pairs
+
+    return plot_pairs(dict(report), Path(folder))
+
+
+class Cleared(NamedTuple):
+    """What ``clear_cache`` removed: cached example results, bytes freed, from which folder."""
+
+    entries: int
+    size_bytes: int
+    folder: Path
+
+
+def clear_cache(*, include_models: bool = False) -> Cleared:
+    """Delete the cached results (``attrib-bench cache clear``), and with ``include_models``
+    the fine-tuned models too."""
+    from attrib_bench.runner.cache import clear, results_root
+
+    entries, size = clear(include_models=include_models)
+    return Cleared(entries, size, results_root().parent)

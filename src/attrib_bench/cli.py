@@ -23,7 +23,7 @@ from attrib_bench.core.console import stderr
 from attrib_bench.core.errors import ExitCode, UsageError
 
 if TYPE_CHECKING:
-    from attrib_bench.core.registry import Registry
+    pass
 
 
 def _csv(value: str) -> list[str]:
@@ -351,15 +351,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _parameters(obj: object) -> dict[str, dict]:
-    """A plugin's parameters: each default, and the allowed values where the set is closed."""
-    choices = getattr(obj, "choices", {})
-    return {
-        key: {"default": default, **({"choices": list(choices[key])} if key in choices else {})}
-        for key, default in getattr(obj, "parameters", {}).items()
-    }
-
-
 def _parameters_text(parameters: dict[str, dict]) -> str:
     return ", ".join(
         f"{key}={json.dumps(p['default'])}"
@@ -368,63 +359,16 @@ def _parameters_text(parameters: dict[str, dict]) -> str:
     )
 
 
-def _architectures(registry: Registry) -> list[dict]:
-    """Each model family once: its model types, capabilities and plugin, and the attributors
-    whose ``needs`` it offers (the check the runner makes before a method's first batch)."""
-    from attrib_bench.core.adapter import unmet_capabilities
-    from attrib_bench.core.architecture_spec import CAPABILITIES
-
-    families = {id(reg.obj): reg for reg in registry.architectures.values()}.values()
-    listing = [
-        {
-            "model_types": list(reg.obj.model_types),
-            "capabilities": {
-                capability: getattr(reg.obj, capability) for capability in CAPABILITIES
-            },
-            "plugin": reg.source,
-            "attributors": [
-                name
-                for name, attributor in sorted(registry.attributors.items())
-                if not unmet_capabilities(attributor.obj, reg.obj)
-            ],
-        }
-        for reg in families
-    ]
-    return sorted(listing, key=lambda family: family["model_types"])
-
-
 def _list(args: argparse.Namespace, out: Console) -> int:
     from rich.table import Table
 
-    from attrib_bench.core.interfaces import compares_models
-    from attrib_bench.core.registry import load_registry
+    from attrib_bench.api import list_plugins
 
-    registry = load_registry(args.plugin)
-    listing = {
-        kind: [
-            {
-                "name": name,
-                "description": reg.obj.description,
-                "parameters": _parameters(reg.obj),
-                # A third party's attributor runs only when named (Registry.defaults).
-                "default_run": bool(getattr(reg.obj, "in_default_run", True))
-                and (reg.shipped or kind != "attributors"),
-                # A ModelEvaluator: scored in runs over several models (--models) only.
-                "compares_models": compares_models(reg.obj),
-                "plugin": reg.source,
-            }
-            for name, reg in sorted(table.items())
-        ]
-        for kind, table in (
-            ("attributors", registry.attributors),
-            ("evaluators", registry.evaluators),
-        )
-    }
-    architectures = _architectures(registry)
+    listing = list_plugins(args.plugin)
     if args.json:
-        out.print_json(json.dumps({**listing, "architectures": architectures}))
+        out.print_json(json.dumps(listing))
         return ExitCode.OK
-    for kind, rows in listing.items():
+    for kind in ("attributors", "evaluators"):
         table = Table(
             title=kind,
             title_justify="left",
@@ -435,7 +379,7 @@ def _list(args: argparse.Namespace, out: Console) -> int:
         # Fold what does not fit (a long default): a cut cell would hide the value.
         for column in ("name", "description", "parameters (defaults)", "default run", "plugin"):
             table.add_column(column, overflow="fold")
-        for row in rows:
+        for row in listing[kind]:
             table.add_row(
                 row["name"],
                 row["description"],
@@ -454,7 +398,7 @@ def _list(args: argparse.Namespace, out: Console) -> int:
     )
     for column in ("model types", "capabilities", "attributors", "plugin"):
         table.add_column(column, overflow="fold")
-    for family in architectures:
+    for family in listing["architectures"]:
         table.add_row(
             ", ".join(family["model_types"]),
             ", ".join(f"{key}={value}" for key, value in family["capabilities"].items()),
@@ -465,31 +409,22 @@ def _list(args: argparse.Namespace, out: Console) -> int:
     return ExitCode.OK
 
 
-def _run_config(args: argparse.Namespace):
-    """The flags given (and ``--config``, for run) as a RunConfig; RunConfig fills the rest."""
-    from attrib_bench.runner.config import plan_run
-
-    return plan_run(args).config
-
-
 def _run(args: argparse.Namespace, out: Console) -> int:
-    from attrib_bench.api import run_plan
-    from attrib_bench.reports.leaderboard import leaderboard, left_out_line, models_table
-    from attrib_bench.results import check_writable, exit_status
-    from attrib_bench.runner.cache import hits_line
-    from attrib_bench.runner.config import plan_run
+    from attrib_bench.api import run, run_settings
+    from attrib_bench.reports.leaderboard import (
+        hits_line,
+        leaderboard,
+        left_out_line,
+        models_table,
+    )
+    from attrib_bench.results import exit_status
 
-    plan = plan_run(args)
-    if plan.output:
-        check_writable(plan.output)
-    document = run_plan(plan, quiet=args.quiet)
-    if document is None:  # not rank 0 of a launched run: rank 0 prints and writes
+    settings = run_settings(vars(args))
+    result = run(args.config, output=args.output, quiet=args.quiet, **settings)
+    if result is None:  # not rank 0 of a launched run: rank 0 prints and writes
         return ExitCode.OK
-    for name, evaluator in document["evaluators"].items():
-        if evaluator["status"] == "ok":
-            out.print(leaderboard(document, name))
-        else:
-            out.print(f"[red]evaluator {name} failed:[/] {escape(str(evaluator['error']))}")
+    document = result.to_document()
+    _print_leaderboards(document, out, leaderboard)
     ranking = models_table(document)
     if ranking is not None:
         out.print(ranking)
@@ -497,9 +432,18 @@ def _run(args: argparse.Namespace, out: Console) -> int:
         stderr.print(hits_line(document["cache"]), highlight=False, soft_wrap=True)
     if (left_out := left_out_line(document)) is not None:
         stderr.print(left_out, highlight=False, markup=False, soft_wrap=True)
-    if plan.output:
-        stderr.print(f"results written to {plan.output}")
+    if result.source is not None:
+        stderr.print(f"results written to {result.source}")
     return ExitCode.OK if exit_status(document) else ExitCode.PARTIAL
+
+
+def _print_leaderboards(document: dict, out: Console, leaderboard) -> None:
+    """Each evaluator's leaderboard, or the one line saying why it failed."""
+    for name, evaluator in document["evaluators"].items():
+        if evaluator["status"] == "ok":
+            out.print(leaderboard(document, name))
+        else:
+            out.print(f"[red]evaluator {name} failed:[/] {escape(str(evaluator['error']))}")
 
 
 def _check(args: argparse.Namespace, out: Console) -> int:
@@ -525,11 +469,10 @@ def _check(args: argparse.Namespace, out: Console) -> int:
 
 
 def _merge(args: argparse.Namespace, out: Console) -> int:
-    from attrib_bench.results import Result, check_writable, exit_status, merge
+    from attrib_bench.api import merge
+    from attrib_bench.results import exit_status
 
-    check_writable(args.output)
-    merged = merge([Result.load(path) for path in args.parts])
-    merged.save(args.output)
+    merged = merge(args.parts, output=args.output)
     out.print(
         f"merged {len(args.parts)} results ({len(merged.example_ids)} examples) into {args.output}",
         highlight=False,
@@ -563,63 +506,42 @@ def _report(args: argparse.Namespace, out: Console) -> int:
 
 
 def _cache(args: argparse.Namespace, out: Console) -> int:
-    from attrib_bench.runner.cache import clear, results_root
+    from attrib_bench.api import clear_cache
 
-    entries, size = clear(include_models=args.all)
+    cleared = clear_cache(include_models=args.all)
     what = "results and fine-tuned models" if args.all else "results"
     out.print(
-        f"removed {entries} cached example results ({size / 2**20:.1f} MB, {what}) "
-        f"from {results_root().parent}",
+        f"removed {cleared.entries} cached example results ({cleared.size_bytes / 2**20:.1f} MB, "
+        f"{what}) from {cleared.folder}",
         highlight=False,
     )
     return ExitCode.OK
 
 
 def _attribute(args: argparse.Namespace, out: Console) -> int:
-    from attrib_bench.results import check_writable
-    from attrib_bench.runner.attribute import write_attributions
-    from attrib_bench.runner.distributed import launched, refuse
+    from attrib_bench.api import attribute, run_settings
 
-    if launched():  # every process would write the whole file
-        refuse("attribute runs in one process; split it over machines with --shard i/N")
-    check_writable(args.output)
-    complete = write_attributions(_run_config(args), args.output, quiet=args.quiet)
+    complete = attribute(args.output, quiet=args.quiet, **run_settings(vars(args)))
     stderr.print(f"attributions written to {args.output}")
     return ExitCode.OK if complete else ExitCode.PARTIAL
 
 
 def _evaluate(args: argparse.Namespace, out: Console) -> int:
-    from dataclasses import fields
-
-    from attrib_bench.api import evaluate
+    from attrib_bench.api import evaluate, run_settings
     from attrib_bench.reports.leaderboard import leaderboard
-    from attrib_bench.results import check_writable, exit_status
-    from attrib_bench.runner.distributed import launched, refuse
-    from attrib_bench.runner.state import RunConfig
+    from attrib_bench.results import exit_status
 
-    if launched():  # every process would score the whole file
-        refuse("evaluate runs in one process, not under torchrun or accelerate launch")
-    if args.output:
-        check_writable(args.output)
-    keys = {f.name for f in fields(RunConfig)}  # the flags given, as RunConfig takes them
-    given = {key: value for key, value in vars(args).items() if value is not None}
-    settings = {key: value for key, value in given.items() if key in keys}
-    if args.plugin:
-        settings["plugins"] = args.plugin
-    document = evaluate(
+    result = evaluate(
         args.attributions,
         method=args.method,
         name=args.name,
         reduce=args.reduce,
         output=args.output,
         quiet=args.quiet,
-        **settings,
+        **run_settings(vars(args)),
     )
-    for name, evaluator in document["evaluators"].items():
-        if evaluator["status"] == "ok":
-            out.print(leaderboard(document, name))
-        else:
-            out.print(f"[red]evaluator {name} failed:[/] {escape(str(evaluator['error']))}")
+    document = result.to_document()
+    _print_leaderboards(document, out, leaderboard)
     if args.output:
         stderr.print(f"results written to {args.output}")
     failed = document["provenance"]["attributions"].get("failed")  # when the file was written
@@ -640,36 +562,35 @@ def _seed_list(value: str) -> list[int]:
 
 
 def _finetune(args: argparse.Namespace, out: Console) -> int:
-    from attrib_bench.core.registry import load_registry
-    from attrib_bench.model.finetune import (
-        FinetuneConfig,
-        default_model_source,
-        finetune,
-        finetune_seeds,
-        read_metadata,
-    )
+    from attrib_bench.api import finetune
 
     if args.seeds is not None and args.seed is not None:
         raise UsageError("give --seed (one model) or --seeds (one per seed), not both")
     seeds = _seed_list(args.seeds) if args.seeds is not None else None
     if args.reinit_steps is not None and not args.reinit_top:
         raise UsageError("--reinit-steps needs --reinit-top K (K > 0)")
-    proxy = {} if args.reinit_steps is None else {"reinit_steps": args.reinit_steps}
-    config = FinetuneConfig(
-        model=args.model or default_model_source(),
+    given = {
+        "model": args.model,
+        "seed": args.seed,
+        "limit": args.limit,
+        "reinit_steps": args.reinit_steps,
+    }
+    models = finetune(
+        seeds=seeds,
+        output=args.output,
+        device=args.device,
+        quiet=args.quiet,
         dataset=args.dataset,
         split=args.split,
         text_column=args.text_column,
         text_pair_column=args.text_pair_column,
         label_column=args.label_column,
-        limit=args.limit,
         epochs=args.epochs,
         learning_rate=args.learning_rate,
         batch_size=args.batch_size,
         max_length=args.max_length,
-        seed=0 if args.seed is None else args.seed,
         reinit_top=args.reinit_top,
-        **proxy,
+        **{key: value for key, value in given.items() if value is not None},
     )
 
     def accuracy(metadata: dict) -> str:
@@ -680,20 +601,14 @@ def _finetune(args: argparse.Namespace, out: Console) -> int:
             shown += f"  re-training mse: {before:.4g} -> {after:.4g}"
         return shown
 
-    architectures = load_registry().architecture_specs()
     if seeds is None:
-        directory = finetune(
-            config, args.output, args.device, quiet=args.quiet, architectures=architectures
+        directory, metadata = models[0]
+        out.print(
+            f"model: {directory}\naccuracy: {accuracy(metadata)}\n"
+            f"training seconds: {metadata['seconds']}"
         )
-        metadata = read_metadata(directory)
-        shown = accuracy(metadata)
-        out.print(f"model: {directory}\naccuracy: {shown}\ntraining seconds: {metadata['seconds']}")
         return ExitCode.OK
-    directories = finetune_seeds(
-        config, seeds, args.output, args.device, quiet=args.quiet, architectures=architectures
-    )
-    for seed, directory in zip(seeds, directories, strict=True):
-        metadata = read_metadata(directory)
+    for seed, (directory, metadata) in zip(seeds, models, strict=True):
         out.print(
             f"seed {seed}: model: {directory}  accuracy: {accuracy(metadata)}  "
             f"training seconds: {metadata['seconds']}",
@@ -703,19 +618,13 @@ def _finetune(args: argparse.Namespace, out: Console) -> int:
 
 
 def _identifiability(args: argparse.Namespace, out: Console) -> int:
-    from attrib_bench.analyses.identifiability import (
-        LEARNING_RATES,
-        IdentifiabilityConfig,
-        run_identifiability,
-        table,
-    )
-    from attrib_bench.core.registry import load_registry
-    from attrib_bench.runner.engine import resolve_model
+    from attrib_bench.api import identifiability
+    from attrib_bench.reports.identifiability import identifiability_table
 
-    architectures = load_registry().architecture_specs()
-    model = args.model or resolve_model(None, args.device, architectures=architectures).model_id
-    config = IdentifiabilityConfig(
-        model=model,
+    learning_rates = {} if args.learning_rates is None else {"learning_rates": args.learning_rates}
+    report = identifiability(
+        args.output_dir,
+        model=args.model,
         dataset=args.dataset,
         split=args.split,
         text_column=args.text_column,
@@ -723,34 +632,28 @@ def _identifiability(args: argparse.Namespace, out: Console) -> int:
         limit=args.limit,
         max_length=args.max_length,
         folds=args.folds,
-        learning_rates=args.learning_rates or LEARNING_RATES,
         max_epochs=args.max_epochs,
         patience=args.patience,
         hta_limit=args.hta_limit,
         hta_norm=args.hta_norm,
         seed=args.seed,
         device=args.device,
+        **learning_rates,
     )
-    report = run_identifiability(
-        config, args.output_dir, architectures=load_registry().architecture_specs()
-    )
-    out.print(table(report))
+    out.print(identifiability_table(report))
     stderr.print(f"written: {args.output_dir}/identifiability.json and identifiability.png")
     return ExitCode.OK
 
 
 def _similarity(args: argparse.Namespace, out: Console) -> int:
-    from attrib_bench.analyses.similarity import (
-        SimilarityConfig,
-        plot_pairs,
-        run_similarity,
-        tables,
-    )
-    from attrib_bench.core.registry import load_registry
-    from attrib_bench.results import write_json
+    from attrib_bench.api import similarity, similarity_plots
+    from attrib_bench.reports.similarity import similarity_tables
 
-    config = SimilarityConfig(
-        models=[m.strip() for m in args.models.split(",") if m.strip()],
+    maps = None if args.maps is None else [m.strip() for m in args.maps.split(",") if m.strip()]
+    report = similarity(
+        [m.strip() for m in args.models.split(",") if m.strip()],
+        output=args.output,
+        quiet=args.quiet,
         dataset=args.dataset,
         split=args.split,
         text_column=args.text_column,
@@ -760,7 +663,7 @@ def _similarity(args: argparse.Namespace, out: Console) -> int:
         token_level=args.token_level,
         all_pairs=args.all_pairs,
         learned=not args.no_learned,
-        maps=None if args.maps is None else [m.strip() for m in args.maps.split(",") if m.strip()],
+        maps=maps,
         debiased=args.debiased,
         rbf_threshold=args.rbf_threshold,
         svcca_keep=args.svcca_keep,
@@ -768,15 +671,11 @@ def _similarity(args: argparse.Namespace, out: Console) -> int:
         device=args.device,
         max_gram_rows=args.max_gram_rows or None,
     )
-    report = run_similarity(
-        config, quiet=args.quiet, architectures=load_registry().architecture_specs()
-    )
-    write_json(report, args.output)
-    for table in tables(report):
+    for table in similarity_tables(report):
         out.print(table)
     written = f"written: {args.output}"
     if args.plots is not None:
-        written += f" and {len(plot_pairs(report, args.plots))} heatmaps in {args.plots}"
+        written += f" and {len(similarity_plots(report, args.plots))} heatmaps in {args.plots}"
     stderr.print(written)
     return ExitCode.OK
 

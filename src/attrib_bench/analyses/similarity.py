@@ -616,43 +616,6 @@ def run_similarity(
     }
 
 
-def _cell(value) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
-def tables(report: dict) -> list:
-    """Per model pair, the diagonal (i, i) of every measure with x's random-init floor beside."""
-    from rich.table import Table
-
-    floors = {p["x"]: p for p in report["pairs"] if p["kind"] == "random-floor"}
-    out = []
-    for pair in report["pairs"]:
-        if pair["kind"] == "random-floor":
-            continue
-        floor = floors.get(pair["x"]) if pair["kind"] == "models" else None
-        measures = pair["measures"]
-        depth = min(len(measures["linear_cka"]), len(measures["linear_cka"][0]))
-        title = f"{pair['x']} -> {pair['y']} ({pair['kind']}), layer pair (i, i)"
-        if floor is not None:
-            title += f"; in brackets the floor: {pair['x']} -> a random init of it"
-        table = Table(title=title, title_justify="left")
-        table.add_column("layer", justify="right")
-        for name in measures:
-            table.add_column(name, justify="right")
-        for i in range(depth):
-            cells = []
-            for name in measures:
-                cell = _cell(measures[name][i][i])
-                if floor is not None:
-                    row = floor["measures"][name]
-                    below = row[i][i] if i < len(row) and i < len(row[i]) else None
-                    cell += f" ({_cell(below)})"
-                cells.append(cell)
-            table.add_row(str(i), *cells)
-        out.append(table)
-    return out
-
-
 def plot_pairs(report: dict, directory: Path) -> list[Path]:
     """A heatmap PNG per pair and measure (matplotlib, optional: attrib-bench[plot])."""
     try:

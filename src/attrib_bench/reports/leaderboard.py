@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -310,3 +311,13 @@ def left_out_line(document: dict[str, Any]) -> str | None:
         "them: --attributors NAME,... (with the default methods wanted) or a config file's "
         "attributors"
     )
+
+
+def hits_line(section: Mapping[str, Any]) -> str:
+    """One line for the terminal: how much of the run came from the cache."""
+    hits = section.get("hits") or {}
+    reused = {spec: n for spec, n in hits.items() if n}
+    if not reused:
+        return f"cache: nothing reused, new entries in {section.get('dir')}"
+    listed = ", ".join(f"{spec} {n}" for spec, n in reused.items())
+    return f"cache: examples reused per method: {listed} ({section.get('dir')})"

@@ -484,13 +484,3 @@ def clear(include_models: bool = False) -> tuple[int, int]:
                 size += path.stat().st_size
         shutil.rmtree(target)
     return entries, size
-
-
-def hits_line(section: Mapping[str, Any]) -> str:
-    """One line for the terminal: how much of the run came from the cache."""
-    hits = section.get("hits") or {}
-    reused = {spec: n for spec, n in hits.items() if n}
-    if not reused:
-        return f"cache: nothing reused, new entries in {section.get('dir')}"
-    listed = ", ".join(f"{spec} {n}" for spec, n in reused.items())
-    return f"cache: examples reused per method: {listed} ({section.get('dir')})"

@@ -13,7 +13,6 @@ Relative paths are read from the file's folder: always for ``output`` and ``plug
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -218,20 +217,6 @@ def make_plan(source: Path | str | None, overrides: Mapping[str, Any]) -> RunPla
         finetune=values.get("finetune"),
         source=Path(source) if source is not None else None,
     )
-
-
-def plan_run(args: argparse.Namespace) -> RunPlan:
-    """Merge ``--config`` (if any) with the flags the user gave; flags win."""
-    overrides = {
-        name: getattr(args, attribute)
-        for name, attribute in FLAGS.items()
-        if getattr(args, attribute, None) is not None
-    }
-    if getattr(args, "output", None) is not None:
-        overrides["output"] = args.output
-    if getattr(args, "no_cache", False):
-        overrides["cache"] = False
-    return make_plan(getattr(args, "config", None), overrides)
 
 
 def build_model(plan: RunPlan, quiet: bool = False) -> RunPlan:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from attrib_bench.reports.gate import gate_markdown
 from attrib_bench.results.compare import DEFAULT_TOLERANCE, Comparison, compare
-from attrib_bench.results.typed import Results, as_result
+from attrib_bench.results.typed import Result, Results, as_result
 
 if TYPE_CHECKING:
     from attrib_bench.testing.conformance import ConformanceError, check_attributor, check_evaluator
@@ -40,8 +40,8 @@ def __getattr__(name: str) -> Any:
     return getattr(conformance, name)
 
 
-def run_config(path: Path | str, quiet: bool = True, **overrides: Any) -> dict[str, Any]:
-    """Run a TOML benchmark config and return the result document (nothing is written).
+def run_config(path: Path | str, quiet: bool = True, **overrides: Any) -> Result:
+    """Run a TOML benchmark config and return its result (nothing is written).
 
     ``overrides`` are settings as in the file (``limit=20``, ``attributors=[...]``,
     ``cache=False``); the cache is used unless the file or an override turns it off.
@@ -52,7 +52,7 @@ def run_config(path: Path | str, quiet: bool = True, **overrides: Any) -> dict[s
     plan = build_model(make_plan(path, overrides), quiet=quiet)
     document = run_config(plan.config, quiet=quiet, cache=plan.cache)
     document.update(plan.extra)
-    return document
+    return Result.from_document(document)
 
 
 def assert_no_regression(
