@@ -194,7 +194,8 @@ def test_every_method_has_its_own_colour_and_style_in_the_layer_plot(count):
     doc = check_document({spec: [0.1 * i, 0.2, 0.3] for i, spec in enumerate(specs)})
     for i, spec in enumerate(specs):
         if i % 4:  # three of four methods layered, the others whole-model (one horizontal line)
-            layers = [{"layer": k, "mean": 0.01 * i + k, "ci95": [0, 1], "n": 3} for k in (1, 2)]
+            layer = {"std": 0.1, "ci95": [0, 1], "n": 3, "nan": 0}
+            layers = [{**layer, "layer": k, "mean": 0.01 * i + k} for k in (1, 2)]
             doc["methods"][spec]["scores"]["spearman"]["aggregated"] = layers
     figure = layer_figure(doc, "spearman")
     found = styles(figure)

@@ -1,11 +1,15 @@
-"""The typed result: it reads and writes the JSON unchanged, and runs over disjoint examples
-merge into the run over all of them."""
+"""The typed result: it reads and writes the JSON unchanged, a malformed file is one line naming
+the field (checked against the JSON Schema), and runs over disjoint examples merge into the run
+over all of them."""
 
 from __future__ import annotations
 
 import copy
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,6 +64,146 @@ def test_the_typed_result_reads_and_writes_the_json_unchanged(runs, tmp_path):
     assert len(result.methods["attention"].example_scores("spearman", "local", 0)) == 6
     result.save(tmp_path / "again.json")
     assert json.loads((tmp_path / "again.json").read_text()) == document
+
+
+def _set(*path: Any, to: Any) -> Callable[[dict], None]:
+    """A change of the document: the value at ``path`` becomes ``to``."""
+
+    def change(document: dict) -> None:
+        for step in path[:-1]:
+            document = document[step]
+        document[path[-1]] = to
+
+    return change
+
+
+def _delete(*path: Any) -> Callable[[dict], None]:
+    def change(document: dict) -> None:
+        for step in path[:-1]:
+            document = document[step]
+        del document[path[-1]]
+
+    return change
+
+
+SUMMARY = ("methods", "rollout", "scores", "spearman", "aggregated", 0)
+ROW = ("methods", "rollout", "per_example", "spearman", "aggregated", 0)
+CACHE = {"dir": "c", "methods": {"rollout": "ab"}, "examples": {}, "hits": {}}
+#: A change to a run's result file, and the field and reason its one-line error gives.
+MALFORMED = [
+    # the schema's checks the hand-written validator did not make
+    (
+        _set("provenance", "model", "weights_sha256", to="xyz"),
+        "provenance.model.weights_sha256 must be a SHA-256 hex digest, not 'xyz'",
+    ),
+    (
+        _set("target", "position", to="middle"),
+        "target.position must be 'first' or 'last', not 'middle'",
+    ),
+    (_delete("provenance", "python"), "provenance has no 'python'"),
+    (_delete(*SUMMARY, "std"), "methods['rollout'].scores['spearman'].aggregated[0] has no 'std'"),
+    (
+        _set("target", "foil", to="x"),
+        "target.foil must be an integer >= 0 or 'example' or null, not 'x'",
+    ),
+    # the hand-written validator's checks, now the schema's
+    (_delete("created"), "the result has no 'created'"),
+    (
+        _set(*SUMMARY, "n", to=-1),
+        "methods['rollout'].scores['spearman'].aggregated[0].n must be an integer >= 0, not -1",
+    ),
+    (
+        _set(*SUMMARY, "ci95", to=[0.1]),
+        "methods['rollout'].scores['spearman'].aggregated[0].ci95 must be an array of 2, not [0.1]",
+    ),
+    (
+        _set("methods", "rollout", "status", to="done"),
+        "methods['rollout'].status must be 'ok' or 'failed', not 'done'",
+    ),
+    (
+        _set("methods", "rollout", "scores", "spearman", "middle", to=[]),
+        "methods['rollout'].scores['spearman'] must be keyed by 'aggregated' or 'local', "
+        "not 'middle'",
+    ),
+    (
+        _set(*ROW, 2, to="0.5"),
+        "methods['rollout'].per_example['spearman'].aggregated[0][2] must be a number or null, "
+        "not '0.5'",
+    ),
+    (_set("methods", to={}), "methods must be an object with at least 1 entry, not {}"),
+    (
+        _set("evaluator_info", "spearman", "higher_is_better", to="yes"),
+        "evaluator_info['spearman'].higher_is_better must be true or false, not 'yes'",
+    ),
+    (_set("agreement", "k", to=0), "agreement.k must be an integer >= 1, not 0"),
+    (_set("paired", "alpha", to=None), "paired.alpha must be a number, not None"),
+    (
+        _set("cache", to={**CACHE, "methods": {"rollout": "../x"}}),
+        "cache.methods['rollout'] must be a hex cache key, not '../x'",
+    ),
+    (
+        _set("cache", to={**CACHE, "dir": "c\0"}),
+        "cache.dir must be a path (no NUL character), not 'c\\x00'",
+    ),
+    # across fields: what the schema cannot say
+    (
+        _set(*ROW, to=[0.5]),
+        "methods['rollout'].per_example['spearman'].aggregated[0] must be an array of 6 "
+        "(one per example id), not [0.5]",
+    ),
+    (
+        _set("model_right", to=[True]),
+        "model_right must be an array of 6 (one per example id), not [True]",
+    ),
+    (
+        _set("agreement", "pairs", 0, "a", to="lime"),
+        "agreement.pairs[0].a must be 'attention' or 'rollout' or 'saliency' or 'random', "
+        "not 'lime'",
+    ),
+    (
+        _set("agreement", "measures", to=["rank"]),
+        "agreement.pairs[0].scores key must be 'rank', not 'feature'",
+    ),
+]
+
+
+@pytest.mark.parametrize("change, message", MALFORMED, ids=[m for _, m in MALFORMED])
+def test_a_malformed_result_file_is_one_line_naming_the_file_and_the_field(
+    runs, tmp_path, change, message
+):
+    document = json.loads(runs["whole"].read_text())
+    change(document)
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(UsageError) as error:
+        Result.load(path)
+    assert str(error.value) == f"{str(path)!r} is not a valid attrib-bench result: {message}"
+    with pytest.raises(UsageError) as error:  # a document built in memory: the same check
+        validate(document, "results")
+    assert str(error.value) == f"'results' is not a valid attrib-bench result: {message}"
+
+
+def test_json_nan_is_an_undefined_score_and_infinity_or_a_huge_number_is_refused(runs, tmp_path):
+    """Python's json reads the tokens NaN and Infinity; NaN stands for undefined in memory, as
+    null does in the file, while no score is infinite or beyond a float."""
+    document = json.loads(runs["whole"].read_text())
+    summary = document["methods"]["rollout"]["scores"]["spearman"]["aggregated"][0]
+    path = tmp_path / "x.json"
+    summary["mean"] = math.nan
+    path.write_text(json.dumps(document))  # the token NaN
+    assert "NaN" in path.read_text()
+    assert math.isnan(Result.load(path).methods["rollout"].score("spearman", layer=0).mean)
+    field = "methods['rollout'].scores['spearman'].aggregated[0].mean"
+    huge = 10**400
+    for value, shown in ((math.inf, "inf"), (-math.inf, "-inf"), (huge, str(huge)[:37] + "...")):
+        summary["mean"] = value
+        path.write_text(json.dumps(document))  # Infinity, -Infinity, 400 digits
+        with pytest.raises(UsageError) as error:
+            Result.load(path)
+        assert str(error.value) == (
+            f"{str(path)!r} is not a valid attrib-bench result: {field} must be a number or "
+            f"null, not {shown}"
+        )
 
 
 def test_runs_over_disjoint_halves_merge_into_the_run_over_both(runs):

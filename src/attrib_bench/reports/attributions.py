@@ -9,13 +9,29 @@ from pathlib import Path
 from typing import Any
 
 from attrib_bench.core.errors import UsageError
-from attrib_bench.results.typed import Result, Results, Schema, as_result
+from attrib_bench.results.typed import Result, Results, as_result, check_json, json_validator
+
+#: A line of ``attrib-bench attribute`` JSONL with scores (a failed method's line has none).
+RECORD = {
+    "type": "object",
+    "required": ["id", "method", "tokens", "aggregated"],
+    "properties": {
+        "id": {"type": "string"},
+        "method": {"type": "string"},
+        "tokens": {"type": "array", "items": {"type": "string"}},
+        "aggregated": {
+            "type": "array",
+            "items": {"type": "array", "items": {"type": ["number", "null"]}},
+        },
+    },
+}
 
 
 def read_attributions(path: Path | str) -> dict[str, dict[str, dict[str, Any]]]:
     """``attrib-bench attribute`` JSONL as example id -> method -> {tokens, row}."""
     path = Path(path)
     table: dict[str, dict[str, dict[str, Any]]] = {}
+    validator = json_validator(RECORD)
     try:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
@@ -29,20 +45,12 @@ def read_attributions(path: Path | str) -> dict[str, dict[str, dict[str, Any]]]:
             record = json.loads(line)
         except json.JSONDecodeError:
             raise UsageError(f"{str(path)!r} line {number} is not JSON") from None
-        schema = Schema(f"{str(path)!r} line {number} is not an attributions record")
-        schema.object(record, "the line")
-        if "id" not in record or not record.get("aggregated"):
+        problem = f"{str(path)!r} line {number} is not an attributions record"
+        if isinstance(record, dict) and ("id" not in record or not record.get("aggregated")):
             continue  # a failed method's error record
-        tokens = schema.array(schema.field(record, "tokens", "the record"), "tokens")
-        for index, token in enumerate(tokens):
-            schema.string(token, f"tokens[{index}]")
-        layers = schema.array(record["aggregated"], "aggregated")
-        row = schema.array(layers[-1], f"aggregated[{len(layers) - 1}]")
-        for index, value in enumerate(row):
-            schema.optional_number(value, f"aggregated[{len(layers) - 1}][{index}]")
-        example = schema.string(record["id"], "id")
-        method = schema.string(schema.field(record, "method", "the record"), "method")
-        table.setdefault(example, {})[method] = {"tokens": tokens, "row": row}
+        check_json(record, validator, problem, "the line")
+        tokens, row = record["tokens"], record["aggregated"][-1]
+        table.setdefault(record["id"], {})[record["method"]] = {"tokens": tokens, "row": row}
     return table
 
 

@@ -26,15 +26,12 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from attrib_bench.results.paired import defined_groups, resampled_means
 from attrib_bench.results.stats import rank_rows
-
-if TYPE_CHECKING:
-    from attrib_bench.results.typed import Schema
 
 MEASURES = ("feature", "rank", "sign", "signed_rank", "rank_correlation")
 #: Headings the reports show for each measure.
@@ -262,47 +259,3 @@ def _float(value: Any) -> float:
 
 def _null(value: float) -> float | None:
     return None if math.isnan(value) else value
-
-
-def validate_agreement(schema: Schema, section: Any) -> None:
-    """Check the ``agreement`` section the reports read (one UsageError naming the field)."""
-    where = "agreement"
-    schema.object(section, where)
-    k = schema.field(section, "k", where)
-    if not _positive_integer(k):
-        schema.fail(f"{where}.k", "an integer >= 1", k)
-    measures = schema.array(schema.field(section, "measures", where), f"{where}.measures")
-    for index, measure in enumerate(measures):
-        schema.choice(measure, MEASURES, f"{where}.measures[{index}]")
-    methods = schema.array(schema.field(section, "methods", where), f"{where}.methods")
-    for index, method in enumerate(methods):
-        schema.string(method, f"{where}.methods[{index}]")
-    for index, pair in enumerate(schema.array(schema.field(section, "pairs", where), where)):
-        at = f"{where}.pairs[{index}]"
-        schema.object(pair, at)
-        for key in ("a", "b"):
-            schema.choice(schema.field(pair, key, at), list(methods), f"{at}.{key}")
-        for measure, summary in schema.object(schema.field(pair, "scores", at), at).items():
-            schema.choice(measure, list(measures), f"{at}.scores key")
-            validate_summary(schema, summary, f"{at}.scores[{measure!r}]")
-
-
-def validate_summary(schema: Schema, summary: Any, at: str) -> None:
-    """A ``stats.summarize`` entry: mean, ci95 (two bounds), n; std and nan optional."""
-    schema.object(summary, at)
-    schema.optional_number(schema.field(summary, "mean", at), f"{at}.mean")
-    for bound in schema.array(schema.field(summary, "ci95", at), f"{at}.ci95", 2):
-        schema.optional_number(bound, f"{at}.ci95")
-    schema.optional_number(summary.get("std"), f"{at}.std")
-    for key in ("n", "nan"):
-        count = summary.get(key, 0) if key == "nan" else schema.field(summary, key, at)
-        if not _count(count):
-            schema.fail(f"{at}.{key}", "an integer >= 0", count)
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _positive_integer(value: Any) -> bool:
-    return _count(value) and value >= 1

@@ -17,14 +17,11 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from attrib_bench.results.stats import BOOTSTRAP_RESAMPLES, resample_blocks
-
-if TYPE_CHECKING:
-    from attrib_bench.results.typed import Schema
 
 #: The significance level of the leaderboards' "not significantly worse" marker.
 ALPHA = 0.05
@@ -240,28 +237,3 @@ def _comparison_json(comparison: Comparison) -> dict[str, Any]:
         "p": null(comparison.p),
         "n": comparison.n,
     }
-
-
-def validate_paired(schema: Schema, section: Any) -> None:
-    """Check the ``paired`` section the reports read (one UsageError naming the field)."""
-    where = "paired"
-    schema.object(section, where)
-    if "alpha" in section:
-        schema.optional_number(section["alpha"], f"{where}.alpha")
-        if section["alpha"] is None:
-            schema.fail(f"{where}.alpha", "a number", None)
-    evaluators = schema.object(schema.field(section, "evaluators", where), f"{where}.evaluators")
-    for evaluator, kinds in evaluators.items():
-        for kind, entries in schema.kinds(kinds, f"{where}.evaluators[{evaluator!r}]"):
-            for index, entry in enumerate(entries):
-                at = f"{where}.evaluators[{evaluator!r}].{kind}[{index}]"
-                schema.object(entry, at)
-                for key in ("a", "b"):
-                    schema.string(schema.field(entry, key, at), f"{at}.{key}")
-                for key in ("mean", "p"):
-                    schema.optional_number(schema.field(entry, key, at), f"{at}.{key}")
-                for bound in schema.array(schema.field(entry, "ci95", at), f"{at}.ci95", 2):
-                    schema.optional_number(bound, f"{at}.ci95")
-                count = schema.field(entry, "n", at)
-                if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-                    schema.fail(f"{at}.n", "an integer >= 0", count)

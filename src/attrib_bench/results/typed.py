@@ -11,30 +11,25 @@ undefined in memory and null in the file. The gate, the reports and the pytest h
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import numbers
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
 from attrib_bench.core.errors import UsageError
-from attrib_bench.results.agreement import Agreement, validate_agreement
-from attrib_bench.results.paired import Paired, validate_paired
+from attrib_bench.results.agreement import Agreement
+from attrib_bench.results.paired import Paired
 
-#: The top-level keys of the result schema (``schema/results.schema.json``) that must be there.
-REQUIRED = ("created", "config", "provenance", "reference", "evaluators", "methods")
-STATUSES = ("ok", "failed")
-#: A (method, evaluator) pair can also be undefined: NaN on every example.
-PAIR_STATUSES = ("ok", "failed", "undefined")
-KINDS = ("aggregated", "local")
-#: Cache keys are hex digests; anything else could point the report outside the cache.
-CACHE_KEY = re.compile(r"[0-9a-f]+")
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
+    from jsonschema.protocols import Validator
 
 #: Keys of a method entry that have a typed field; any other key is kept in ``extra``.
 METHOD_KEYS = (
@@ -52,8 +47,6 @@ METHOD_KEYS = (
     "per_example",
     "per_example_parts",
 )
-#: The subsets ``scores_by_answer`` splits the examples into, by ``Result.model_right``.
-ANSWERS = ("right", "wrong")
 #: Top-level keys with a typed field; others (``cache``, ``finetune``, ...) go to ``extra``.
 RESULT_KEYS = (
     "schema_version",
@@ -352,214 +345,210 @@ def load_results(path: Path | str) -> ResultDocument:
 def validate(document: Any, name: str) -> None:
     """Check every part of a result that ``check`` and ``report`` read, before either reads it.
 
-    One UsageError naming the file and the field, so that a malformed file never surfaces later
-    as a traceback from deep inside the comparison or a plot. Both commands rely on this alone.
+    Against the JSON Schema (``schema/results.schema.json``), then the few checks across fields
+    that it cannot say (``_check_across``). One UsageError naming the file and the field, so
+    that a malformed file never surfaces later as a traceback from deep inside the comparison
+    or a plot. Both commands rely on this alone.
     """
     if not isinstance(document, Mapping) or "methods" not in document:
         raise UsageError(f"{name!r} is not an attrib-bench result (no 'methods')")
     version = document.get("schema_version")
-    if version != 1:
+    if version != 1:  # before the schema: a file of another version may differ everywhere
         raise UsageError(f"{name!r} has schema_version {version!r}; this attrib-bench reads 1")
-    schema = Schema(f"{name!r} is not a valid attrib-bench result")
-    for key in REQUIRED:
-        schema.field(document, key, "the result")
-    schema.string(document["created"], "created")
-    schema.string(document["reference"], "reference")
-    schema.object(document["config"], "config")
-    provenance = schema.object(document["provenance"], "provenance")
-    model = schema.object(schema.field(provenance, "model", "provenance"), "provenance.model")
-    schema.string(schema.field(model, "id", "provenance.model"), "provenance.model.id")
-    dataset = schema.object(schema.field(provenance, "dataset", "provenance"), "provenance.dataset")
-    for key in ("name", "split"):
-        schema.string(schema.field(dataset, key, "provenance.dataset"), f"provenance.dataset.{key}")
-    for key in ("packages", "hardware"):
-        if key in provenance:
-            schema.object(provenance[key], f"provenance.{key}")
-    for evaluator, state in schema.object(document["evaluators"], "evaluators").items():
-        where = f"evaluators[{evaluator!r}]"
-        schema.object(state, where)
-        schema.choice(schema.field(state, "status", where), STATUSES, f"{where}.status")
-        schema.optional_string(schema.field(state, "error", where), f"{where}.error")
-    information = schema.object(document.get("evaluator_info", {}), "evaluator_info")
-    for evaluator, info in information.items():
-        where = f"evaluator_info[{evaluator!r}]"
-        schema.object(info, where)
-        for key in ("higher_is_better", "needs_reference"):
-            if key in info and not isinstance(info[key], bool):
-                schema.fail(f"{where}.{key}", "true or false", info[key])
+    problem = f"{name!r} is not a valid attrib-bench result"
+    check_json(document, _result_validator(), problem, "the result")
+    _check_across(document, problem)
+
+
+def _check_across(document: Mapping[str, Any], problem: str) -> None:
+    """What a JSON Schema cannot say: per-example arrays and ``model_right`` as long as
+    ``example_ids``; an agreement pair's methods and measures among the section's own."""
+
+    def fail(where: str, expected: str, value: Any) -> NoReturn:
+        raise UsageError(f"{problem}: {where} must be {expected}, not {_shown(value)}")
+
     ids = document.get("example_ids")
-    if ids is not None:
-        for index, example in enumerate(schema.array(ids, "example_ids")):
-            schema.string(example, f"example_ids[{index}]")
+    count = None if ids is None else len(ids)
+    one_each = f"an array of {count} (one per example id)"
     right = document.get("model_right")
-    if right is not None:
-        length = None if ids is None else len(ids)
-        for index, value in enumerate(schema.array(right, "model_right", length)):
-            if not isinstance(value, bool):
-                schema.fail(f"model_right[{index}]", "true or false", value)
-    if document.get("cache"):
-        _validate_cache(schema, document["cache"])
-    if document.get("agreement"):
-        validate_agreement(schema, document["agreement"])
-    if document.get("paired"):
-        validate_paired(schema, document["paired"])
-    methods = schema.object(document["methods"], "methods")
-    if not methods:
-        raise UsageError(f"{name!r} has no methods: it holds no scores")
-    for spec, method in methods.items():
-        _validate_method(schema, method, f"methods[{spec!r}]", None if ids is None else len(ids))
+    if count is not None and right is not None and len(right) != count:
+        fail("model_right", one_each, right)
+    for spec, method in document["methods"].items():
+        at = f"methods[{spec!r}]"
+        rows = [
+            (f"{at}.per_example[{evaluator!r}].{kind}", layers)
+            for evaluator, kinds in method.get("per_example", {}).items()
+            for kind, layers in kinds.items()
+        ] + [
+            (f"{at}.per_example_parts[{evaluator!r}].{kind}[{part!r}]", layers)
+            for evaluator, kinds in method.get("per_example_parts", {}).items()
+            for kind, parts in kinds.items()
+            for part, layers in parts.items()
+        ]
+        for where, layers in rows:
+            for index, values in enumerate(layers):
+                if count is not None and len(values) != count:
+                    fail(f"{where}[{index}]", one_each, values)
+    agreement = document.get("agreement") or {}
+    for index, pair in enumerate(agreement.get("pairs", [])):
+        at = f"agreement.pairs[{index}]"
+        for key in ("a", "b"):
+            if pair[key] not in agreement["methods"]:
+                fail(f"{at}.{key}", _either(agreement["methods"]), pair[key])
+        for measure in pair["scores"]:
+            if measure not in agreement["measures"]:
+                fail(f"{at}.scores key", _either(agreement["measures"]), measure)
 
 
-def _validate_method(schema: Schema, method: Any, where: str, examples: int | None) -> None:
-    schema.object(method, where)
-    schema.choice(schema.field(method, "status", where), STATUSES, f"{where}.status")
-    schema.optional_string(method.get("error"), f"{where}.error")
-    for key in ("seconds_per_example", "peak_memory_mb"):
-        schema.optional_number(method.get(key), f"{where}.{key}")
-    for evaluator, pair in schema.object(
-        method.get("evaluators", {}), f"{where}.evaluators"
-    ).items():
-        at = f"{where}.evaluators[{evaluator!r}]"
-        schema.object(pair, at)
-        schema.choice(schema.field(pair, "status", at), PAIR_STATUSES, f"{at}.status")
-        schema.optional_string(pair.get("error"), f"{at}.error")
-    _validate_summaries(schema, method.get("scores", {}), f"{where}.scores")
-    if "scores_by_answer" in method:
-        at = f"{where}.scores_by_answer"
-        for answer, scores in schema.object(method["scores_by_answer"], at).items():
-            schema.choice(answer, ANSWERS, f"{at} key")
-            _validate_summaries(schema, scores, f"{at}.{answer}")
-    per_example = schema.object(method.get("per_example", {}), f"{where}.per_example")
-    for evaluator, kinds in per_example.items():
-        for kind, layers in schema.kinds(kinds, f"{where}.per_example[{evaluator!r}]"):
-            _validate_rows(schema, layers, f"{where}.per_example[{evaluator!r}].{kind}", examples)
-    at = f"{where}.per_example_parts"
-    for evaluator, kinds in schema.object(method.get("per_example_parts", {}), at).items():
-        for kind, parts in schema.object(kinds, f"{at}[{evaluator!r}]").items():
-            schema.choice(kind, KINDS, f"{at}[{evaluator!r}] key")
-            for part, layers in schema.object(parts, f"{at}[{evaluator!r}].{kind}").items():
-                rows_at = f"{at}[{evaluator!r}].{kind}[{part!r}]"
-                _validate_rows(schema, schema.array(layers, rows_at), rows_at, examples)
-
-
-def _validate_rows(schema: Schema, layers: Sequence[Any], where: str, examples: int | None) -> None:
-    """Per layer, one number or null per example."""
-    for index, values in enumerate(layers):
-        at = f"{where}[{index}]"
-        for position, value in enumerate(schema.array(values, at, examples)):
-            schema.optional_number(value, f"{at}[{position}]")
-
-
-def _validate_summaries(schema: Schema, scores: Any, where: str) -> None:
-    """evaluator -> kind -> per-layer summaries (``scores``, and each of ``scores_by_answer``)."""
-    for evaluator, kinds in schema.object(scores, where).items():
-        for kind, layers in schema.kinds(kinds, f"{where}[{evaluator!r}]"):
-            for index, summary in enumerate(layers):
-                at = f"{where}[{evaluator!r}].{kind}[{index}]"
-                schema.object(summary, at)
-                layer = schema.field(summary, "layer", at)
-                if not _is_integer(layer) or layer < 1:
-                    schema.fail(f"{at}.layer", "an integer >= 1", layer)
-                schema.optional_number(schema.field(summary, "mean", at), f"{at}.mean")
-                ci = schema.array(schema.field(summary, "ci95", at), f"{at}.ci95", 2)
-                for bound in ci:
-                    schema.optional_number(bound, f"{at}.ci95")
-                count = schema.field(summary, "n", at)
-                if not _is_integer(count) or count < 0:
-                    schema.fail(f"{at}.n", "an integer >= 0", count)
-                schema.optional_number(summary.get("std"), f"{at}.std")
-                undefined = summary.get("nan", 0)
-                if not _is_integer(undefined) or undefined < 0:
-                    schema.fail(f"{at}.nan", "an integer >= 0", undefined)
-
-
-def _validate_cache(schema: Schema, cache: Any) -> None:
-    schema.object(cache, "cache")
-    directory = schema.string(schema.field(cache, "dir", "cache"), "cache.dir")
-    if "\0" in directory:
-        schema.fail("cache.dir", "a path", directory)
-    for key in ("methods", "examples"):
-        for item, value in schema.object(schema.field(cache, key, "cache"), f"cache.{key}").items():
-            _cache_key(schema, value, f"cache.{key}[{item!r}]")
-    if cache.get("reference") is not None:
-        _cache_key(schema, cache["reference"], "cache.reference")
-    for spec, hits in schema.object(schema.field(cache, "hits", "cache"), "cache.hits").items():
-        if not _is_integer(hits) or hits < 0:
-            schema.fail(f"cache.hits[{spec!r}]", "an integer >= 0", hits)
-
-
-def _cache_key(schema: Schema, value: Any, where: str) -> None:
-    if not isinstance(value, str) or not CACHE_KEY.fullmatch(value):
-        schema.fail(where, "a hex cache key", value)
-
-
-def _is_integer(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
-
-
-def _is_number(value: Any) -> bool:
-    """A finite real, or NaN (undefined); not a bool, infinity or a 400-digit integer."""
+def _is_number(checker: Any, value: Any) -> bool:
+    """A finite real, or NaN (undefined: Python's json reads the token NaN, and documents built
+    in memory hold NaN); not a bool, infinity or an integer too large for a float."""
     if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
         return False
-    return abs(value) <= sys.float_info.max or value != value  # NaN is not equal to itself
+    return value != value or abs(value) <= sys.float_info.max  # NaN is not equal to itself
+
+
+def _is_integer(checker: Any, value: Any) -> bool:
+    """A whole number (numpy's too, not 1.0 or a bool) that a float can hold."""
+    return isinstance(value, numbers.Integral) and _is_number(checker, value)
+
+
+@functools.cache
+def _validator_class() -> type[Validator]:
+    """Draft 2020-12 over Python values as ``json`` reads them and documents built in memory
+    hold them: any mapping, lists and tuples, numpy scalars, NaN but never infinity."""
+    from jsonschema import Draft202012Validator, validators
+
+    checker = Draft202012Validator.TYPE_CHECKER.redefine_many(
+        {
+            "object": lambda _, value: isinstance(value, Mapping),
+            "array": lambda _, value: isinstance(value, (list, tuple)),
+            "number": _is_number,
+            "integer": _is_integer,
+        }
+    )
+    return validators.extend(Draft202012Validator, type_checker=checker)
+
+
+def json_validator(schema: Mapping[str, Any]) -> Validator:
+    """A validator of ``schema`` for ``check_json``; build it once and reuse it."""
+    return _validator_class()(schema)
+
+
+@functools.cache
+def _result_validator() -> Validator:
+    """The result schema's validator, read and built once per process."""
+    from attrib_bench.results.document import SCHEMA_PATH
+
+    return json_validator(json.loads(SCHEMA_PATH.read_text()))
+
+
+def check_json(value: Any, validator: Validator, problem: str, whole: str) -> None:
+    """One UsageError, ``problem: <field> must be ...``, when ``value`` breaks the schema.
+
+    The error is jsonschema's most relevant one (``best_match``); ``whole`` names the value
+    itself where the error is at its top (``the result has no 'created'``).
+    """
+    from jsonschema.exceptions import best_match
+
+    error = best_match(validator.iter_errors(value))
+    if error is None:
+        return
+    while error.parent is not None:  # an alternative of anyOf: say them all
+        error = error.parent
+    where = _field(error) or whole
+    keyword = error.validator
+    if keyword == "required":
+        missing = next(key for key in error.validator_value if key not in error.instance)
+        raise UsageError(f"{problem}: {where} has no {missing!r}")
+    if keyword == "additionalProperties":
+        allowed = list(error.schema.get("properties", {}))
+        unexpected = next(key for key in error.instance if key not in allowed)
+        raise UsageError(
+            f"{problem}: {where} must be keyed by {_either(allowed)}, not {_shown(unexpected)}"
+        )
+    if "propertyNames" in error.relative_schema_path:
+        where = f"{where} key"
+    expected, value = _expected(error.schema), _shown(error.instance)
+    raise UsageError(f"{problem}: {where} must be {expected}, not {value}")
+
+
+def _field(error: ValidationError) -> str:
+    """The error's place as ``methods['a'].scores['spearman'].aggregated[0].n``: the schema's
+    named properties after a dot, keys of open mappings (method specs, evaluators) quoted.
+
+    The schema path says which is which: each ``properties``/``additionalProperties``/``items``
+    step in it (the last entry is the failing keyword) descends one step into the value."""
+    steps = iter(error.absolute_path)
+    tokens = iter(list(error.absolute_schema_path)[:-1])
+    text = ""
+    for token in tokens:
+        if token == "properties":
+            next(tokens)  # the property's name, which is the value's next step
+            text += f".{next(steps)}"
+        elif token in ("additionalProperties", "patternProperties"):
+            if token == "patternProperties":
+                next(tokens)
+            text += f"[{next(steps)!r}]"
+        elif token == "items":
+            text += f"[{next(steps)}]"
+        elif token == "prefixItems":
+            next(tokens)
+            text += f"[{next(steps)}]"
+    return text.removeprefix(".")
+
+
+#: How ``_expected`` names each JSON type.
+TYPE_NAMES = {
+    "object": "an object",
+    "array": "an array",
+    "string": "a string",
+    "number": "a number",
+    "integer": "an integer",
+    "boolean": "true or false",
+    "null": "null",
+}
+#: The schema's string patterns in words.
+PATTERNS = {
+    "^[0-9a-f]+(?!\\n)$": "a hex cache key",
+    "^[0-9a-f]{64}$": "a SHA-256 hex digest",
+    "^[^\\u0000]*$": "a path (no NUL character)",
+}
+
+
+def _expected(schema: Mapping[str, Any]) -> str:
+    """What a (sub)schema asks for, in words: ``an integer >= 0``, ``a number or null``,
+    ``'ok' or 'failed'``, ``an array of 2``."""
+    if "const" in schema:
+        return repr(schema["const"])
+    if "enum" in schema:
+        return _either(schema["enum"])
+    if "anyOf" in schema:
+        return " or ".join(_expected(option) for option in schema["anyOf"])
+    types = schema.get("type", [])
+    words = []
+    for kind in [types] if isinstance(types, str) else types:
+        word = TYPE_NAMES[kind]
+        if kind == "integer" and "minimum" in schema:
+            word += f" >= {schema['minimum']}"
+        elif kind == "array" and schema.get("minItems", -1) == schema.get("maxItems"):
+            word += f" of {schema['minItems']}"
+        elif kind == "object" and "minProperties" in schema:
+            word += f" with at least {schema['minProperties']} entry"
+        elif kind == "string" and "pattern" in schema:
+            word = PATTERNS.get(schema["pattern"], f"a string matching {schema['pattern']!r}")
+        words.append(word)
+    return " or ".join(words) or "something else"
+
+
+def _either(choices: Sequence[Any]) -> str:
+    return " or ".join(repr(choice) for choice in choices)
 
 
 def _shown(value: Any) -> str:
     """A value as the error message shows it: on one line, and short."""
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-class Schema:
-    """Type checks that raise one UsageError: ``problem`` (which file), then the field."""
-
-    def __init__(self, problem: str) -> None:
-        self.problem = problem
-
-    def fail(self, where: str, expected: str, value: Any) -> NoReturn:
-        raise UsageError(f"{self.problem}: {where} must be {expected}, not {_shown(value)}")
-
-    def field(self, container: Mapping[str, Any], key: str, where: str) -> Any:
-        if key not in container:
-            raise UsageError(f"{self.problem}: {where} has no {key!r}")
-        return container[key]
-
-    def object(self, value: Any, where: str) -> Mapping[str, Any]:
-        if not isinstance(value, Mapping):
-            self.fail(where, "an object", value)
-        return value
-
-    def array(self, value: Any, where: str, length: int | None = None) -> Sequence[Any]:
-        if not isinstance(value, (list, tuple)):
-            self.fail(where, "an array", value)
-        if length is not None and len(value) != length:
-            self.fail(where, f"an array of {length} (one per example id)", value)
-        return value
-
-    def string(self, value: Any, where: str) -> str:
-        if not isinstance(value, str):
-            self.fail(where, "a string", value)
-        return value
-
-    def optional_string(self, value: Any, where: str) -> None:
-        if value is not None and not isinstance(value, str):
-            self.fail(where, "a string or null", value)
-
-    def optional_number(self, value: Any, where: str) -> None:
-        if value is not None and not _is_number(value):
-            self.fail(where, "a number or null", value)
-
-    def choice(self, value: Any, choices: Sequence[str], where: str) -> None:
-        if value not in choices:
-            self.fail(where, " or ".join(repr(c) for c in choices), value)
-
-    def kinds(self, value: Any, where: str) -> list[tuple[str, Sequence[Any]]]:
-        """An evaluator's ``{kind: [per layer]}``, its kinds among ``aggregated`` and ``local``."""
-        kinds = self.object(value, where)
-        for kind in kinds:
-            if kind not in KINDS:
-                self.fail(where, "keyed by 'aggregated' or 'local'", kind)
-        return [(kind, self.array(layers, f"{where}.{kind}")) for kind, layers in kinds.items()]
 
 
 #: A result as a ``Result``, a validated document (``load_results``) or its file's path.
