@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_check import document as small_document
 
 from attrib_bench.core.errors import UsageError
 from attrib_bench.results import Result, merge
 from attrib_bench.results.typed import validate
+from attrib_bench.runner.cache import NO_CACHE_ENV
 
 TEXTS = [
     "a fine film",
@@ -42,14 +44,16 @@ def runs(tiny_bert, tmp_path_factory) -> dict[str, Path]:
     outputs = {}
     patch = pytest.MonkeyPatch()
     patch.setenv("ATTRIB_BENCH_CACHE", str(folder / "cache"))  # never the user's cache
+    patch.delenv(NO_CACHE_ENV, raising=False)
     for name, part in (("whole", rows), ("first", rows[:3]), ("second", rows[3:])):
         data = write_tsv(folder / f"{name}.tsv", part)
         outputs[name] = folder / f"{name}.json"
+        cache = [] if name == "whole" else ["--no-cache"]  # the whole run's rows: heatmaps
         code = main(
             ["run", "--model", str(tiny_bert), "--dataset", str(data), "--batch-size", "1",
              "--attributors", "attention,rollout,saliency",
              "--evaluators", "spearman,comprehensiveness:ratios=0.2/0.5",
-             "--no-cache", "--quiet", "--output", str(outputs[name])]
+             *cache, "--quiet", "--output", str(outputs[name])]
         )  # fmt: skip
         assert code == 0
     patch.undo()
@@ -64,6 +68,26 @@ def test_the_typed_result_reads_and_writes_the_json_unchanged(runs, tmp_path):
     assert len(result.methods["attention"].example_scores("spearman", "local", 0)) == 6
     result.save(tmp_path / "again.json")
     assert json.loads((tmp_path / "again.json").read_text()) == document
+
+
+def test_a_result_shows_its_leaderboards_and_heatmaps_in_a_notebook(runs):
+    from attrib_bench.reports.html import notebook_html  # installs the view
+
+    small = Result.from_document(small_document({"a": [0.1, 0.5, 0.9], "b:x=1": [0.3, 0.2, 0.4]}))
+    html = small._repr_html_()
+    assert "Leaderboard: spearman vs saliency (aggregated rows)" in html
+    for spec, mean in (("a", "+0.500"), ("b:x=1", "+0.300")):
+        assert f'<td><code>{spec}</code></td><td class="num">{mean}</td>' in html, html
+    assert "Token heatmaps" not in html  # no cache: no token rows at hand
+    assert "<html" not in html and "<style" not in html  # a notebook cell, not a page
+
+    result = Result.load(runs["whole"])  # a run with its cache entries
+    html = result._repr_html_()
+    assert html == notebook_html(result)
+    for spec, method in result.methods.items():
+        assert f"<code>{spec}</code>" in html and f"{method.score('spearman').mean:+.3f}" in html
+    heatmaps = html[html.index("<h2>Token heatmaps</h2>") :]
+    assert heatmaps.count('<span class="tok"') > len(result.methods)
 
 
 def _set(*path: Any, to: Any) -> Callable[[dict], None]:

@@ -444,20 +444,7 @@ def render_html(
     document = as_result(document)
     data = document.provenance["dataset"]
     evaluators = ok_evaluators(document)
-    sections = []
-    for evaluator in evaluators:
-        for kind in scored_kinds(document, evaluator):
-            sections.append(
-                f"<h2>Leaderboard: {_escape(heading(document, evaluator, kind))}</h2>"
-                + _leaderboard_html(document, evaluator, kind)
-                + _next_rows_html(document, evaluator, kind)
-            )
-    for name, state in document.evaluators.items():
-        if state["status"] != "ok":
-            sections.append(
-                f'<p class="failed">Evaluator <code>{_escape(name)}</code> failed: '
-                f"{_escape(state['error'])}</p>"
-            )
+    sections = leaderboard_sections(document)
     across = _across_models_html(document.extra)
     if across:
         sections.append(across)
@@ -471,11 +458,7 @@ def render_html(
             f'<img class="plot" alt="{_escape(evaluator)} per layer" '
             f'src="data:image/png;base64,{png}">'
         )
-    chosen = shown_examples(document, examples)
-    rows = token_rows(document, chosen, attributions)
-    reference = reference_rows(document, chosen) if attributions is None else {}
-    order = ranked(document, evaluators[0]) if evaluators else list(document.methods)
-    sections.append("<h2>Token heatmaps</h2>" + _heatmaps_html(document, rows, reference, order))
+    sections.append(_heatmaps_section(document, examples, attributions)[0])
     provenance_table = "".join(
         f"<tr><th>{_escape(k)}</th><td>{_escape(v)}</td></tr>" for k, v in provenance_rows(document)
     )
@@ -487,6 +470,50 @@ def render_html(
         f"{_escape(document.created)}</p>"
     )
     return page(page_title, line, sections)
+
+
+def leaderboard_sections(result: Result) -> list[str]:
+    """Each leaderboard, with its paired differences, then a line per failed evaluator: the
+    head of the report, and what a notebook shows of a ``Result``."""
+    sections = [
+        f"<h2>Leaderboard: {_escape(heading(result, evaluator, kind))}</h2>"
+        + _leaderboard_html(result, evaluator, kind)
+        + _next_rows_html(result, evaluator, kind)
+        for evaluator in ok_evaluators(result)
+        for kind in scored_kinds(result, evaluator)
+    ]
+    for name, state in result.evaluators.items():
+        if state["status"] != "ok":
+            sections.append(
+                f'<p class="failed">Evaluator <code>{_escape(name)}</code> failed: '
+                f"{_escape(state['error'])}</p>"
+            )
+    return sections
+
+
+def _heatmaps_section(
+    result: Result, examples: int, attributions: Mapping[str, Mapping[str, Any]] | None
+) -> tuple[str, bool]:
+    """The token heatmaps of the first ``examples`` examples, from ``attributions`` or else the
+    run's cache entries, and whether any rows were found."""
+    chosen = shown_examples(result, examples)
+    rows = token_rows(result, chosen, attributions)
+    reference = reference_rows(result, chosen) if attributions is None else {}
+    evaluators = ok_evaluators(result)
+    order = ranked(result, evaluators[0]) if evaluators else list(result.methods)
+    return "<h2>Token heatmaps</h2>" + _heatmaps_html(result, rows, reference, order), bool(rows)
+
+
+def notebook_html(result: Result) -> str:
+    """A ``Result`` in a notebook (``Result._repr_html_``): its leaderboards and, when the
+    run's cache entries are at hand, the token heatmaps. No page around it (the notebook
+    styles the tables) and no per-layer plots (matplotlib is an optional extra)."""
+    heatmaps, found = _heatmaps_section(result, DEFAULT_EXAMPLES, None)
+    return "".join(leaderboard_sections(result) + ([heatmaps] if found else []))
+
+
+# The results sit below the reports and cannot import them: the reports install the view.
+Result.html_view = notebook_html
 
 
 def page(page_title: str, subtitle: str, sections: Sequence[str]) -> str:

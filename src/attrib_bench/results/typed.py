@@ -16,10 +16,10 @@ import json
 import math
 import numbers
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 import numpy as np
 
@@ -263,6 +263,9 @@ class Result:
     extra: dict[str, Any] = field(default_factory=dict)
     #: The file it was read from, for error messages (None: built in memory); not in the JSON.
     source: str | None = field(default=None, repr=False, compare=False)
+    #: How a notebook shows a Result (``_repr_html_``): ``reports.html`` installs its view when
+    #: imported, as the reports sit above the results, which cannot import them.
+    html_view: ClassVar[Callable[[Result], str] | None] = None
 
     @classmethod
     def from_document(cls, document: Mapping[str, Any]) -> Result:
@@ -306,6 +309,12 @@ class Result:
             **({} if self.paired is None else {"paired": self.paired.to_json()}),
             **self.extra,
         }
+
+    def _repr_html_(self) -> str | None:
+        """What Jupyter shows: the leaderboards and, with the run's cache entries at hand, the
+        token heatmaps (``html_view``); None, the plain repr, before any report is imported."""
+        view = type(self).html_view
+        return None if view is None else view(self)
 
     @classmethod
     def load(cls, path: Path | str) -> Result:
