@@ -188,7 +188,13 @@ def test_a_pre_ln_family_from_a_plugin_file_runs_the_norm_family(megatron, run_c
 def test_the_line_names_every_capability_that_differs():
     llama_like = ArchitectureSpec(model_types=("llama",), block="pre-ln", norm="rmsnorm")
     model = SimpleNamespace(config=SimpleNamespace(model_type="llama", num_attention_heads=2))
-    picky = SimpleNamespace(name="picky", needs={"block": "post-ln", "norm": "layernorm"})
+    picky = SimpleNamespace(
+        name="picky",
+        description="needs a post-LN LayerNorm family",
+        requires=frozenset({"attentions"}),
+        needs={"block": "post-ln", "norm": "layernorm"},
+        attribute=lambda trace: None,
+    )
     assert unmet_needs(picky, EncoderAdapter(model, llama_like)) == (
         "picky cannot run on model type 'llama': it needs post-LN blocks, LayerNorm; "
         "the adapter offers pre-LN blocks, RMSNorm"
@@ -331,7 +337,7 @@ def test_unknown_needs_are_usage_errors(tmp_path):
             return [Picky()]
     """
     plugin = write_module(tmp_path / "picky.py", source)
-    expected = r"'picky' from file .* has bad needs: block='middle-ln' is not one of post-ln"
+    expected = r"'picky' from file .*: bad `needs`: block='middle-ln' is not one of post-ln"
     with pytest.raises(UsageError, match=expected):
         load_registry([plugin])
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 if TYPE_CHECKING:
+    from attrib_bench.core.plugin_info import AttributorInfo, EvaluatorInfo
     from attrib_bench.core.registry import Registry
     from attrib_bench.results.compare import Comparison
     from attrib_bench.results.typed import Result
@@ -251,12 +252,12 @@ def list_plugins(plugins: Sequence[Path | str] = ()) -> dict[str, list[dict[str,
     }
 
 
-def _parameters(obj: object) -> dict[str, dict[str, Any]]:
+def _parameters(info: AttributorInfo | EvaluatorInfo) -> dict[str, dict[str, Any]]:
     """A plugin's parameters: each default, and the allowed values where the set is closed."""
-    choices = getattr(obj, "choices", {})
+    choices = info.choices
     return {
         key: {"default": default, **({"choices": list(choices[key])} if key in choices else {})}
-        for key, default in getattr(obj, "parameters", {}).items()
+        for key, default in info.parameters.items()
     }
 
 
@@ -267,10 +268,9 @@ def _plugin_rows(registry: Registry, kind: str) -> list[dict[str, Any]]:
         {
             "name": name,
             "description": reg.obj.description,
-            "parameters": _parameters(reg.obj),
+            "parameters": _parameters(reg.info),
             # A third party's attributor runs only when named (Registry.defaults).
-            "default_run": bool(getattr(reg.obj, "in_default_run", True))
-            and (reg.shipped or kind != "attributors"),
+            "default_run": reg.info.in_default_run and (reg.shipped or kind != "attributors"),
             # A ModelEvaluator: scored in runs over several models (--models) only.
             "compares_models": compares_models(reg.obj),
             "plugin": reg.source,

@@ -27,6 +27,7 @@ from torch import nn
 
 from attrib_bench.core.architecture_spec import CAPABILITIES, ArchitectureSpec
 from attrib_bench.core.errors import UsageError
+from attrib_bench.core.plugin_info import attributor_info
 
 
 @dataclass(frozen=True)
@@ -240,12 +241,13 @@ def adapter_for(model: nn.Module, architectures: Mapping[str, ArchitectureSpec])
 
 def unmet_capabilities(attributor: Any, spec: ArchitectureSpec) -> list[str]:
     """The capabilities ``attributor`` needs that the family of ``spec`` does not offer."""
-    return [c for c, value in getattr(attributor, "needs", {}).items() if getattr(spec, c) != value]
+    needs = attributor_info(attributor).needs or {}
+    return [c for c, value in needs.items() if getattr(spec, c) != value]
 
 
 def unmet_needs(attributor: Any, adapter: EncoderAdapter) -> str | None:
     """The one line saying why ``attributor`` cannot run on this family, or None if it can."""
-    needs = getattr(attributor, "needs", {})
+    needs = attributor_info(attributor).needs or {}
     spec = adapter.offered
     unmet = unmet_capabilities(attributor, spec)
     if not unmet:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from attrib_bench.core.batch import Batch, Example
+from attrib_bench.core.plugin_info import attributor_info
 
 if TYPE_CHECKING:
     from attrib_bench.core.trace import Trace
@@ -183,7 +184,7 @@ def compares_models(evaluator: Any) -> bool:
 
 def position_problem(attributor: Any, position: str) -> str | None:
     """Why ``attributor`` cannot explain the resolved target ``position``, or None."""
-    positions = getattr(attributor, "target_positions", ("first", "last"))
+    positions = attributor_info(attributor).target_positions
     if position in positions:
         return None
     return (
@@ -196,7 +197,6 @@ def scored_classes(attributor: Any, trace: Trace) -> tuple[torch.Tensor, torch.T
     """The classes (and contrastive foils) whose score ``attributor`` explains on ``trace``:
     its own ``explained_target`` where it has one, else the run's target. Read from the trace,
     so cached attributions are scored on the class they were computed for."""
-    own = getattr(attributor, "explained_target", None)
-    if callable(own):
-        return own(trace)
+    if attributor_info(attributor).explains_own_target:
+        return attributor.explained_target(trace)
     return trace.target_classes_B, trace.target_foils_B

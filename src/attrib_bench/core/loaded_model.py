@@ -16,6 +16,7 @@ import torch
 
 from attrib_bench.core.adapter import ArchitectureSpec, EncoderAdapter, adapter_for, unmet_needs
 from attrib_bench.core.attention_kernels import FAST, attention_implementation
+from attrib_bench.core.plugin_info import attributor_info
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -103,9 +104,8 @@ class LoadedModel:
         adapter's modules (anything but attentions and hidden states); the others (gradient
         methods, raw attention, rollout, random) run on any model.
         """
-        internals = hasattr(attributor, "needs") or bool(
-            set(getattr(attributor, "requires", ())) - ADAPTER_FREE_FIELDS
-        )
+        info = attributor_info(attributor)
+        internals = info.needs is not None or bool(info.requires - ADAPTER_FREE_FIELDS)
         if not internals:
             return None
         if self.spec is None:

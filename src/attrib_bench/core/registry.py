@@ -20,10 +20,16 @@ from typing import Any
 import pluggy
 
 from attrib_bench.core import hookspecs
-from attrib_bench.core.architecture_spec import ArchitectureSpec, needs_problem
+from attrib_bench.core.architecture_spec import ArchitectureSpec
 from attrib_bench.core.console import warn
 from attrib_bench.core.errors import UsageError, unknown_choice
 from attrib_bench.core.interfaces import Attributor, Evaluator, ModelEvaluator, compares_models
+from attrib_bench.core.plugin_info import (
+    AttributorInfo,
+    EvaluatorInfo,
+    attributor_problems,
+    evaluator_problems,
+)
 from attrib_bench.core.plugin_names import ENTRY_POINT_GROUP, write_listing
 from attrib_bench.core.trace_fields import BUILTIN_FIELDS, TraceField
 
@@ -61,10 +67,12 @@ class Spec:
 
 @dataclass
 class Registered:
-    """A plugin object and where it came from (a distribution name or a file path)."""
+    """A plugin object and where it came from (a distribution name or a file path); for an
+    attributor or evaluator, its optional attributes as read at registration."""
 
     obj: Any
     source: str
+    info: AttributorInfo | EvaluatorInfo | None = None
 
     @property
     def shipped(self) -> bool:
@@ -100,7 +108,7 @@ class Registry:
         else:
             wanted = kind == "model_evaluators"
             table = {n: r for n, r in table.items() if compares_models(r.obj) == wanted}
-        return [n for n, reg in sorted(table.items()) if getattr(reg.obj, "in_default_run", True)]
+        return [n for n, reg in sorted(table.items()) if reg.info.in_default_run]
 
     def left_out_of_default(self) -> list[str]:
         """Attributors that would run by default were they shipped: a third party's package's
@@ -108,7 +116,7 @@ class Registry:
         return [
             n
             for n, reg in sorted(self.attributors.items())
-            if not reg.shipped and getattr(reg.obj, "in_default_run", True)
+            if not reg.shipped and reg.info.in_default_run
         ]
 
     def architecture_specs(self) -> dict[str, ArchitectureSpec]:
@@ -199,23 +207,23 @@ def _collect(
                     f"plugin {impl.plugin_name} returned {obj!r}, which is not an {kind}: "
                     f"it needs the attributes of {names}"
                 )
-            unknown = set(getattr(obj, "requires", ())) - set(trace_fields)
+            read = attributor_problems if kind == "attributor" else evaluator_problems
+            values, problems = read(obj)
+            if problems:
+                raise UsageError(f"{kind} {obj.name!r} from {impl.plugin_name}: {problems[0]}")
+            info = (AttributorInfo if kind == "attributor" else EvaluatorInfo)(**values)
+            unknown = set(values.get("requires", ())) - set(trace_fields)
             if unknown:
                 raise UsageError(
                     f"{kind} {obj.name!r} from {impl.plugin_name} requires unknown trace fields "
                     f"{sorted(unknown)}; valid: {', '.join(sorted(trace_fields))}"
-                )
-            problem = needs_problem(getattr(obj, "needs", {})) if kind == "attributor" else None
-            if problem is not None:
-                raise UsageError(
-                    f"{kind} {obj.name!r} from {impl.plugin_name} has bad needs: {problem}"
                 )
             if obj.name in table:
                 raise UsageError(
                     f"two plugins register the {kind} {obj.name!r}: "
                     f"{table[obj.name].source} and {impl.plugin_name}"
                 )
-            table[obj.name] = Registered(obj, impl.plugin_name)
+            table[obj.name] = Registered(obj, impl.plugin_name, info)
     return table
 
 

@@ -41,6 +41,12 @@ import torch
 from attrib_bench.core import console
 from attrib_bench.core.cache_dir import cache_root
 from attrib_bench.core.interfaces import KINDS, Attribution, Batch
+from attrib_bench.core.plugin_info import (
+    AttributorInfo,
+    EvaluatorInfo,
+    attributor_info,
+    evaluator_info,
+)
 from attrib_bench.core.registry import Spec
 
 if TYPE_CHECKING:
@@ -142,15 +148,18 @@ def package_version(distribution: str) -> str | None:
         return None
 
 
-def code_identity(obj: Any, spec: str, source: str) -> dict[str, Any]:
-    """What decides a plugin object's output besides its inputs: see the module docstring."""
+def code_identity(
+    obj: Any, spec: str, source: str, info: AttributorInfo | EvaluatorInfo | None = None
+) -> dict[str, Any]:
+    """What decides a plugin object's output besides its inputs: see the module docstring.
+    ``info``: the object's record (an evaluator's; by default read as an attributor's)."""
     parsed = Spec.parse(spec)
-    params = getattr(obj, "params", None)
+    info = attributor_info(obj) if info is None else info
     cls = type(obj)
     return {
         "name": parsed.name,
-        "params": dict(params) if isinstance(params, Mapping) else dict(parsed.params),
-        "version": str(getattr(obj, "version", "0")),
+        "params": dict(info.settings) if info.settings is not None else dict(parsed.params),
+        "version": info.version,
         "plugin": source,
         "class": f"{cls.__module__}.{cls.__qualname__}",
         "source": source_digest(cls.__module__),
@@ -283,11 +292,13 @@ class ResultCache:
         self._all = frozenset(self.method_keys)
         for name, evaluator in self.evaluators.items():
             source = registry.evaluators[Spec.parse(name).name].source
-            needs = getattr(evaluator, "needs_reference", False)
+            info = evaluator_info(evaluator)
             self.evaluator_keys[name] = digest(
                 {
-                    "evaluator": code_identity(evaluator, name, source),
-                    "reference": self.method_keys.get(self.reference) if needs else None,
+                    "evaluator": code_identity(evaluator, name, source, info),
+                    "reference": (
+                        self.method_keys.get(self.reference) if info.needs_reference else None
+                    ),
                 }
             )
 

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from attrib_bench.core.interfaces import KINDS
+from attrib_bench.core.plugin_info import evaluator_info
 from attrib_bench.results.document import SCHEMA_VERSION
 from attrib_bench.results.paired import paired_section
 from attrib_bench.results.stats import summarize_by_answer, summarize_corpus, summarize_layers
@@ -160,12 +161,13 @@ def build_result(
         "evaluator_info": {
             name: {
                 "description": evaluator.description,
-                "needs_reference": getattr(evaluator, "needs_reference", False),
-                "higher_is_better": getattr(evaluator, "higher_is_better", True),
+                "needs_reference": info.needs_reference,
+                "higher_is_better": info.higher_is_better,
                 # Summarised by an aggregate of per-example parts, not a mean (see stats).
-                "corpus_level": bool(getattr(evaluator, "parts", ())),
+                "corpus_level": bool(info.parts),
             }
             for name, evaluator in evaluators.items()
+            if (info := evaluator_info(evaluator))
         },
         "example_ids": example_ids,
         "methods": method_docs,
@@ -193,7 +195,7 @@ def summarize_scores(
     per_example: dict[str, dict[str, list]] = {}
     per_example_parts: dict[str, dict[str, dict[str, list]]] = {}
     for name, kinds in method.scores.items():
-        parts = tuple(getattr(evaluators.get(name), "parts", ()))
+        parts = evaluator_info(evaluators[name]).parts if name in evaluators else ()
         for kind in KINDS:
             if kind not in kinds:
                 continue
@@ -230,7 +232,7 @@ def scores_by_answer(
     aggregate needs parts the result does not keep)."""
     by_answer: dict[str, dict[str, dict[str, list]]] = {"right": {}, "wrong": {}}
     for name, kinds in per_example.items():
-        if getattr(evaluators.get(name), "parts", ()):
+        if name in evaluators and evaluator_info(evaluators[name]).parts:
             continue
         rows = {kind: np.array(values, dtype=float) for kind, values in kinds.items()}
         for answer, summaries in summarize_by_answer(rows, right_E, seed).items():

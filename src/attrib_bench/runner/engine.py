@@ -27,6 +27,7 @@ from attrib_bench.core.interfaces import (
     position_problem,
 )
 from attrib_bench.core.loaded_model import LoadedModel, target_logits
+from attrib_bench.core.plugin_info import attributor_info, evaluator_info
 from attrib_bench.core.registry import Registry, Spec, load_registry
 from attrib_bench.core.shards import parse_shard
 from attrib_bench.core.target import DEFAULT_TARGET, NEXT_TOKEN_TARGET, Target, target_score
@@ -342,7 +343,7 @@ def check_scores(scores: Any, evaluator: Any, batch_size: int) -> dict[str, np.n
     corpus-level ``aggregate`` reads). The runner and the conformance kit both call this, so a
     plugin that passes the kit passes the runner.
     """
-    parts = tuple(getattr(evaluator, "parts", ()))
+    parts = evaluator_info(evaluator).parts
     valid = {*KINDS, *(f"{kind}/{part}" for kind in KINDS for part in parts)}
     if not isinstance(scores, dict) or not scores or set(scores) - valid:
         shown = sorted(map(str, scores)) if isinstance(scores, dict) else type(scores).__name__
@@ -376,8 +377,8 @@ def _store(method: MethodState, name: str, evaluator: Any, scores: Any, batch: B
 def _same_method(registry: Registry, spec: str) -> tuple:
     """A spec's method after defaults: ``rollout`` and ``rollout:residual=0.5`` are one."""
     parsed = Spec.parse(spec)
-    params = getattr(registry.attributor(parsed), "params", None)
-    settings = params if isinstance(params, dict) else dict(parsed.params)
+    configured = attributor_info(registry.attributor(parsed)).settings
+    settings = dict(parsed.params) if configured is None else configured
     return (parsed.name, tuple(sorted((k, str(v)) for k, v in settings.items())))
 
 
@@ -552,7 +553,8 @@ def run_single(
         working = {n: e for n, e in evaluators.items() if n not in evaluator_errors}
         for stage in ("plan", "score"):  # every pair's plan first: the batch's work pooled
             for name, evaluator in working.items():
-                if name not in evaluator_errors and hasattr(evaluator, stage):
+                planless = stage == "plan" and not evaluator_info(evaluator).plans
+                if name not in evaluator_errors and not planless:
                     _evaluate(
                         name,
                         evaluator,

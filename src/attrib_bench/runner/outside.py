@@ -32,6 +32,7 @@ import torch
 from attrib_bench.core import console
 from attrib_bench.core.errors import UsageError, unknown_choice
 from attrib_bench.core.interfaces import Attribution, Batch, Example
+from attrib_bench.core.plugin_info import attributor_info, evaluator_info
 from attrib_bench.core.registry import Registered, Registry, Spec
 from attrib_bench.core.trace import Trace
 from attrib_bench.runner.engine import prepare, run_single
@@ -402,7 +403,7 @@ class FileAttributor:
     def explained_target(self, trace: Trace) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The file's own target per example where it gives one, else its method's, else the
         run's (what the removal evaluators score: core.interfaces.scored_classes)."""
-        if self.own is not None and callable(getattr(self.own, "explained_target", None)):
+        if self.own is not None and attributor_info(self.own).explains_own_target:
             return self.own.explained_target(trace)
         targets = [self.rows[e.id].target for e in trace.batch.examples]
         if any(t is None for t in targets):
@@ -447,7 +448,8 @@ def _register(registry: Registry, attributors: list[FileAttributor], path: Path)
                 f"{attributor.name!r} is a registered attributor: name the file's method "
                 "otherwise with --name"
             )
-        registry.attributors[attributor.name] = Registered(attributor, f"file {path}")
+        info = attributor_info(attributor)
+        registry.attributors[attributor.name] = Registered(attributor, f"file {path}", info)
 
 
 def evaluate(
@@ -516,7 +518,7 @@ def evaluate(
         attributor.check(prepared)
     if Spec.parse(reference).name not in registry.attributors:
         raise unknown_choice("reference attributor", reference, registry.attributors)
-    needs = any(getattr(registry.evaluator(s), "needs_reference", False) for s in evaluators)
+    needs = any(evaluator_info(registry.evaluator(s)).needs_reference for s in evaluators)
     run_config = dataclasses.replace(base, attributors=names, reference=reference)
     # It reads scores and runs the evaluators: "attributing" would misname the work.
     document = run_single(

@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from attrib_bench.core.architecture_spec import needs_problem
 from attrib_bench.core.interfaces import (
     KINDS,
     Attribution,
@@ -39,6 +38,7 @@ from attrib_bench.core.interfaces import (
     position_problem,
 )
 from attrib_bench.core.loaded_model import LoadedModel
+from attrib_bench.core.plugin_info import attributor_problems, evaluator_problems
 from attrib_bench.core.registry import load_registry
 from attrib_bench.core.target import DEFAULT_TARGET, Target
 from attrib_bench.core.trace import Trace, default_target_position
@@ -277,7 +277,9 @@ def check_evaluator(
     # None: what the evaluator declares (``batch_independent = False``: its score thresholds
     # the attribution, so the float noise of re-attributing an example alone may move it).
     independent = (
-        getattr(obj, "batch_independent", True) if batch_independent is None else batch_independent
+        evaluator_problems(obj)[0]["batch_independent"]
+        if batch_independent is None
+        else batch_independent
     )
     runnable, problems, skipped = _runnable(method, families, f"the attributor {method.name!r}")
     shapes = _per_family(
@@ -294,9 +296,7 @@ def _check_model_evaluator(obj: Any, seed: int) -> EvaluatorReport:
     rows (3 layers, one example per kit example, 2 and 3 models, a floor when it needs one):
     (L,) scores, finite or NaN, identical on a second call, and no exception on constant rows.
     Shapes are reported under ``"rows"`` as (L, examples)."""
-    problems = _named_problems(obj)
-    if not isinstance(getattr(obj, "needs_floor", None), bool):
-        problems.append("set `needs_floor` to True (score_models reads the floor) or False")
+    problems = evaluator_problems(obj)[1]
     _raise(obj, [("", message) for message in problems])
     generator = np.random.default_rng(seed)
     layers = 3
@@ -406,57 +406,24 @@ def _raise(obj: Any, problems: list[tuple[str, str]]) -> None:
     raise ConformanceError(f"{name!r} does not conform ({count}):\n" + "\n".join(lines))
 
 
-def _named_problems(obj: Any) -> list[str]:
-    problems = []
-    if not isinstance(getattr(obj, "name", None), str) or not obj.name:
-        problems.append("set `name`, a non-empty string: what users select the plugin by")
-    if not isinstance(getattr(obj, "description", None), str) or not obj.description:
-        problems.append("set `description`, a non-empty string: the line `attrib-bench list` shows")
-    return problems
-
-
 def _attributor_interface(obj: Any, known: Mapping[str, TraceField]) -> list[str]:
-    problems = _named_problems(obj)
-    requires = getattr(obj, "requires", None)
+    """What the registry would refuse (attrib_bench.core.plugin_info), and trace fields no
+    installed plugin registers."""
+    values, problems = attributor_problems(obj)
     names = TRACE_FIELDS | set(known)
-    valid = ", ".join(sorted(names))
-    if not isinstance(requires, (set, frozenset)):
+    unknown = values["requires"] - names
+    if unknown:
         problems.append(
-            f"set `requires`, a frozenset of the trace fields attribute() reads (among {valid}), "
-            f"not {requires!r}"
+            f"`requires` names unknown trace fields {sorted(map(str, unknown))}; "
+            f"valid: {', '.join(sorted(names))}; a plugin's own field is registered by its "
+            "attrib_bench_trace_fields hook (install the plugin, or pass the field as "
+            "check_attributor(..., fields={name: TraceField(...)}))"
         )
-    elif requires - names:
-        problems.append(
-            f"`requires` names unknown trace fields {sorted(map(str, requires - names))}; "
-            f"valid: {valid}; a plugin's own field is registered by its attrib_bench_trace_fields "
-            "hook (install the plugin, or pass the field as check_attributor(..., "
-            "fields={name: TraceField(...)}))"
-        )
-    needs = getattr(obj, "needs", {})
-    if not isinstance(needs, Mapping):
-        problems.append(f"`needs` must be a dict (capability -> value), not {needs!r}")
-    elif needs_problem(needs) is not None:
-        problems.append(f"bad `needs`: {needs_problem(needs)}")
-    if not callable(getattr(obj, "attribute", None)):
-        problems.append("define `attribute(self, trace) -> attrib_bench.Attribution`")
     return problems
 
 
 def _evaluator_interface(obj: Any) -> list[str]:
-    problems = _named_problems(obj)
-    if not isinstance(getattr(obj, "needs_reference", None), bool):
-        problems.append("set `needs_reference` to True (score() reads context.reference) or False")
-    if not callable(getattr(obj, "score", None)):
-        problems.append("define `score(self, attribution, context) -> dict[str, np.ndarray]`")
-    parts = getattr(obj, "parts", ())
-    if not isinstance(parts, tuple) or not all(isinstance(part, str) for part in parts):
-        problems.append(f"`parts` must be a tuple of column names, not {parts!r}")
-    elif parts and not callable(getattr(obj, "aggregate", None)):
-        problems.append(
-            "with `parts`, define `aggregate(values_EP) -> float`: the corpus-level score of "
-            "rows (examples, parts)"
-        )
-    return problems
+    return evaluator_problems(obj)[1]
 
 
 def _batch(loaded: LoadedModel, items: Sequence[Example]) -> Batch:
@@ -750,7 +717,7 @@ def _evaluator_problems(
                 f"({_example(example_id)}: {difference}): draw random numbers from a "
                 "generator seeded by context.seed, never from the global one"
             )
-    if callable(getattr(obj, "plan", None)):
+    if evaluator_problems(obj)[0]["plans"]:
         try:
             planned = _score(obj, method, loaded, EXAMPLES, seed, fields, planned=True)
         except _Unusable as error:
@@ -775,7 +742,7 @@ def _evaluator_problems(
 
 def _parts_problems(obj: Any, scores: dict[str, dict[str, np.ndarray]]) -> list[str]:
     """``aggregate`` of the defined examples' parts must give a number, as the runner asks."""
-    parts = getattr(obj, "parts", ())
+    parts = evaluator_problems(obj)[0]["parts"]
     problems = []
     for kind in KINDS:
         if not parts or kind not in scores:

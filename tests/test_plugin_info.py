@@ -1,0 +1,163 @@
+"""Plugin capabilities are declared once: read into a frozen record with documented defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from attrib_bench.core.errors import UsageError
+from attrib_bench.core.plugin_info import (
+    POSITIONS,
+    AttributorBase,
+    AttributorInfo,
+    EvaluatorBase,
+    EvaluatorInfo,
+    attributor_info,
+    evaluator_info,
+)
+from attrib_bench.core.registry import load_registry
+
+SOURCE = Path(__file__).resolve().parents[1] / "src" / "attrib_bench"
+#: Every optional attribute a plugin may declare: the record holds it, nothing else reads it.
+OPTIONAL = (
+    "in_default_run",
+    "target_positions",
+    "explained_target",
+    "needs",
+    "needs_reference",
+    "needs_floor",
+    "higher_is_better",
+    "parts",
+    "plan",
+    "batch_independent",
+    "version",
+    "params",
+    "parameters",
+    "choices",
+)
+
+
+class Minimal:
+    name = "minimal"
+    description = "the fewest attributes an attributor can have"
+    requires = frozenset({"attentions"})
+
+    def attribute(self, trace):
+        raise NotImplementedError
+
+
+class MinimalEvaluator:
+    name = "minimal-evaluator"
+    description = "the fewest attributes an evaluator can have"
+    needs_reference = False
+
+    def score(self, attribution, context):
+        raise NotImplementedError
+
+
+def test_an_attributor_that_declares_nothing_optional_gets_the_documented_defaults():
+    info = attributor_info(Minimal())
+    assert info == AttributorInfo(
+        name="minimal",
+        description="the fewest attributes an attributor can have",
+        requires=frozenset({"attentions"}),
+    )
+    assert (info.needs, info.in_default_run, info.target_positions) == (None, True, POSITIONS)
+    assert (info.explains_own_target, info.settings, info.version) == (False, None, "0")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        info.in_default_run = False  # type: ignore[misc]
+
+
+def test_an_evaluator_that_declares_nothing_optional_gets_the_documented_defaults():
+    info = evaluator_info(MinimalEvaluator())
+    assert info == EvaluatorInfo(
+        name="minimal-evaluator", description="the fewest attributes an evaluator can have"
+    )
+    assert (info.higher_is_better, info.parts, info.plans, info.compares_models) == (
+        True,
+        (),
+        False,
+        False,
+    )
+
+
+def test_the_base_classes_declare_the_same_defaults_as_the_records():
+    class Based(AttributorBase):
+        name = "based"
+        description = "a subclass of the optional base"
+        requires = frozenset({"attentions"})
+
+        def attribute(self, trace):
+            raise NotImplementedError
+
+    class BasedEvaluator(EvaluatorBase):
+        name = "based-evaluator"
+        description = "a subclass of the optional base"
+
+        def score(self, attribution, context):
+            raise NotImplementedError
+
+    assert dataclasses.replace(attributor_info(Based()), name="minimal", description="x") == (
+        dataclasses.replace(attributor_info(Minimal()), description="x")
+    )
+    assert dataclasses.replace(
+        evaluator_info(BasedEvaluator()), name="minimal-evaluator", description="x"
+    ) == dataclasses.replace(evaluator_info(MinimalEvaluator()), description="x")
+
+
+@pytest.mark.parametrize(
+    ("attribute", "value", "needle"),
+    [
+        ("in_default_run", "yes", "`in_default_run` must be True or False, not 'yes'"),
+        ("target_positions", ("middle",), "`target_positions` must be a tuple among"),
+        ("needs", ["block"], "`needs` must be a dict"),
+    ],
+)
+def test_a_wrong_declaration_is_one_line_naming_the_plugin(attribute, value, needle):
+    plugin = Minimal()
+    setattr(plugin, attribute, value)
+    with pytest.raises(UsageError, match=re.escape(needle)) as raised:
+        attributor_info(plugin)
+    assert "'minimal'" in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_the_registry_refuses_a_wrong_declaration_at_registration(tmp_path):
+    plugin = tmp_path / "wrong.py"
+    plugin.write_text(
+        "import attrib_bench\n"
+        "class Wrong:\n"
+        "    name = 'wrong'\n"
+        "    description = 'declares its default run as a string'\n"
+        "    requires = frozenset({'attentions'})\n"
+        "    in_default_run = 'no'\n"
+        "    def attribute(self, trace):\n"
+        "        raise NotImplementedError\n"
+        "@attrib_bench.hookimpl\n"
+        "def attrib_bench_attributors():\n"
+        "    return [Wrong()]\n"
+    )
+    with pytest.raises(UsageError, match=r"attributor 'wrong' from file .*in_default_run"):
+        load_registry([plugin])
+
+
+def test_registered_plugins_carry_their_record():
+    registry = load_registry()
+    rollout = registry.attributors["rollout"]
+    assert rollout.info == attributor_info(rollout.obj)
+    assert registry.evaluators["spearman"].info.needs_reference is True
+
+
+def test_the_core_reads_optional_attributes_only_through_the_record():
+    """No ``getattr(obj, "in_default_run", True)`` outside the record's reader."""
+    pattern = re.compile(r"getattr\([^,]+,\s*\"(" + "|".join(OPTIONAL) + r")\"")
+    offenders = [
+        f"{path.relative_to(SOURCE)}:{line}"
+        for path in SOURCE.rglob("*.py")
+        if path.name != "plugin_info.py"
+        for line, text in enumerate(path.read_text().splitlines(), start=1)
+        if pattern.search(text)
+    ]
+    assert offenders == []
