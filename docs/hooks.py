@@ -147,7 +147,8 @@ def methods_table() -> str:
 
     registry = load_registry()
     rows = [
-        "| name | family | passes (trace fields) | needs | default run | parameters | reference |",
+        "| name | family | passes (trace fields) | needs (capabilities) | default run | parameters "
+        "| reference |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, registered in sorted(registry.attributors.items()):
@@ -159,7 +160,7 @@ def methods_table() -> str:
             raise KeyError(f"docs/hooks.py: add the built-in plugin module {module!r} to MODULES")
         family, extra, reference = MODULES[module]
         needs = getattr(obj, "needs", {}) or {}
-        needs_text = ", ".join(f"{key}={value}" for key, value in needs.items()) or "any family"
+        needs_text = ", ".join(f"`{key}={value}`" for key, value in needs.items()) or "none"
         default = "yes" if getattr(obj, "in_default_run", True) else "by name"
         rows.append(
             f"| `{name}` | {family} | {_cell(_passes(obj, extra))} | {_cell(needs_text)} "
