@@ -7,7 +7,7 @@ its own way and has no token type embeddings; ALBERT applies one shared layer L 
 mapping its smaller embeddings to the hidden size (``hidden_states[0]`` is that mapping's
 output, the first layer's input, as for ELECTRA's projected embeddings).
 
-The decoders (docs/attention-family-pre-ln.md) are pre-LN and causal, and explain each
+The decoders (docs/math/attention-family-pre-ln.md) are pre-LN and causal, and explain each
 example's last real token by default, as their language-model and classification heads read
 it; ``model.base_model`` is the same under both heads, and ``embeddings`` is the token
 embedding module under both (what ``LoadedModel.embeddings`` takes for a language model).

@@ -2,7 +2,7 @@
 
 Per layer, M^l is the head mean of the attention probabilities (W). ``attention`` rolls W out
 without a residual; ``rollout`` uses (1 - r) * W + r * I with r = 0.5 by default
-(../shared/specs/attention-family.md, "W" and "W-FixedRes"). The flow is
+(docs/math/attention-family.md, eqs. (1)-(3): "W" and "W-FixedRes"). The flow is
 ``attrib_bench.toolkit.attention_family``'s.
 """
 

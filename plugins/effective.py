@@ -1,7 +1,7 @@
 """Effective attention (Brunner et al., ICLR 2020, "On Identifiability in Transformers").
 
 Per layer and head, the attention rows are projected onto the column space of the
-value-transformed matrix T_h = V_h W_O^h (../shared/specs/identifiability.md): the part of A_h in
+value-transformed matrix T_h = V_h W_O^h (docs/math/identifiability.md, eqs. (1)-(3)): A_h's part in
 the left null space of T_h changes nothing in the layer's output, so it cannot explain it.
 A_eff_h = A_h U_r U_r^T with U_r the left singular vectors of T_h above the spec's rank threshold
 sigma_max * max(n, d) * eps (numpy's ``matrix_rank`` rule for the n x d matrix T_h, eps of the

@@ -1,4 +1,4 @@
-"""Gradient methods at the embedding layer (../shared/specs/evaluation.md): ``saliency`` and
+"""Gradient methods at the embedding layer (docs/math/gradients.md): ``saliency`` and
 ``gradient`` backpropagate through the trace's own forward pass (equal to Captum's
 LayerGradientXActivation, tests/test_gradient.py), the others run Captum.
 

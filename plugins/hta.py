@@ -1,4 +1,4 @@
-"""Hidden-token attribution, HTA (Brunner et al., ICLR 2020), ../shared/specs/identifiability.md.
+"""Hidden-token attribution, HTA (Brunner et al., ICLR 2020): docs/math/identifiability.md, eq. (4).
 
 The contribution of input token i (its embedding output x_i) to hidden token j after layer l:
 

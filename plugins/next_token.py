@@ -40,7 +40,7 @@ class Mrr:
         if all(e.rationale is None for e in batch.examples):
             raise UsageError(
                 "mrr needs an evidence word per example (a next-token dataset such as "
-                "../shared/data/blimp_targets/blimp, or word rationales)"
+                "a folder of BLiMP CSVs, or word rationales)"
             )
         if batch.word_ids_BN is None:
             raise UsageError("the batch has no word alignment (make it with make_batches)")

@@ -1,8 +1,8 @@
 """Norm-based attribution (Kobayashi et al. 2020, 2021) and GlobEnc (Modarressi et al. 2022).
 
 The per-layer matrices N, N-Res, N-ResLN and N-Enc (GlobEnc) and GlobEnc's mixing ratio come
-from ``attrib_bench.toolkit.norm_decomposition`` (../shared/specs/attention-family.md for
-post-LN encoders, docs/attention-family-pre-ln.md for pre-LN decoders), computed once per batch
+from ``attrib_bench.toolkit.norm_decomposition`` (docs/math/attention-family.md, eqs. (4)-(11) for
+post-LN encoders, docs/math/attention-family-pre-ln.md for pre-LN decoders), computed once per batch
 for the whole family. Rollout of N, N-Res, N-ResLN and N-Enc uses no row
 normalisation and no identity (official GlobEnc code); ``normalize_rows=true`` rescales rows
 first.

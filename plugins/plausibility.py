@@ -131,7 +131,7 @@ class Plausibility(Configurable, ABC):
         if all(e.rationale is None for e in batch.examples):
             raise UsageError(
                 "the dataset has no word rationales (use an ERASER folder such as "
-                "../shared/data/hatexplain_eraser, or the default dataset)"
+                "HateXplain's ERASER release, or the default dataset)"
             )
         if batch.word_ids_BN is None:
             raise UsageError("the batch has no word alignment (make it with make_batches)")

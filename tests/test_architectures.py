@@ -169,7 +169,7 @@ def test_max_length_takes_the_padding_offset_from_the_spec(data2vec):
 
 def test_a_pre_ln_family_from_a_plugin_file_runs_the_norm_family(megatron, run_cli, tmp_path):
     """Megatron-BERT's spec names its pre-LN norms and final norm: GlobEnc decomposes it as it
-    does GPT-2 (docs/attention-family-pre-ln.md), beside the other methods."""
+    does GPT-2 (docs/math/attention-family-pre-ln.md), beside the other methods."""
     plugin = write_module(tmp_path / "megatron_family.py", MEGATRON_FAMILY)
     code, records, err = attribute_records(
         run_cli,

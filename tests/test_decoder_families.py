@@ -1,4 +1,4 @@
-"""The attention family on pre-LN decoders (docs/attention-family-pre-ln.md): tiny random GPT-2,
+"""The attention family on pre-LN decoders (docs/math/attention-family-pre-ln.md): tiny GPT-2,
 LLaMA, Mistral and Qwen2 (grouped-query attention: 4 query heads, 2 key/value heads; Qwen2 with
 value biases), each as a sequence classifier and as a language model, right-padded.
 
@@ -298,7 +298,7 @@ def _head_weights(loaded: LoadedModel, parts: dict, layer: int, head: int):
 
 
 def loop_reference(loaded: LoadedModel, solo: dict) -> list[dict[str, torch.Tensor]]:
-    """docs/attention-family-pre-ln.md with loops over i, j and h in float64, for one unpadded
+    """docs/math/attention-family-pre-ln.md with loops over i, j and h in float64, for one unpadded
     example: per block, the N, N-Res, N-ResLN and N-Enc matrices and the mixing ratio."""
     parts = modules(loaded)
     readers = parts["n1"] + parts["final"]

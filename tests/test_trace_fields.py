@@ -83,13 +83,13 @@ def manual(model: torch.nn.Module, modules, keep: str, inputs: dict) -> list[tor
     return kept
 
 
-def test_readme_trace_field_example_is_the_tested_file():
+def test_docs_trace_field_example_is_the_tested_file():
     source = FIELD_PLUGIN.read_text()
     assert source.startswith(START) and source.rstrip().endswith(END)
-    example = source[len(START) : source.index(END)].strip()
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Add a trace field") :]
-    assert f"```python\n{example}\n```" in section
+    page = (ROOT / "docs" / "plugins.md").read_text()
+    section = page[page.index("## Trace fields") :]
+    include = '--8<-- "tests/plugin_fixtures/trace_field_plugin.py:example"'
+    assert f"```python\n{include}\n```" in section  # pymdownx.snippets includes the file
 
 
 def test_the_example_field_runs_through_the_cli(tiny_bert, run_cli, tmp_path):

@@ -62,7 +62,7 @@ def _add_data_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--dataset",
         help="hub id (glue/sst2), local file or folder, or 'default'; next-token minimal pairs: "
-        "a BLiMP or IOI CSV, or a folder of them (../shared/data/blimp_targets/blimp)",
+        "a BLiMP or IOI CSV, or a folder of them (docs/next-token.md)",
     )
     group.add_argument("--split", help="split name (default: validation, dev, test or train)")
     group.add_argument("--text-column", help="text column (default: detected)")

@@ -1,7 +1,7 @@
 """Learned alignment maps between two models' representations (issue 12; Ren et al. 2023).
 
 ``fit_alignments`` fits f: h_x -> h_y on a training split and reports MSE(f(h_x), h_y) and R^2 on
-held-out rows, for three maps (../shared/specs/invariance.md):
+held-out rows, for three maps (docs/math/similarity.md, "Learned alignment maps"):
 
 - ``linear``: an affine map (``nn.Linear`` with bias);
 - ``mlp``: a non-bijective map, affine plus a residual 4-layer GELU MLP (the official comparison

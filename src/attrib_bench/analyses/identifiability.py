@@ -2,7 +2,7 @@
 
 ``attrib-bench identifiability``: for every layer l = 0..L, can the hidden state e_i^l be mapped
 back to its own input embedding x_i (the embedding output, ``hidden_states[0]``)? The protocol of
-../shared/specs/identifiability.md: sentence-level 70/15/15 splits repeated over folds; the naive
+docs/math/identifiability.md, eq. (6): sentence-level 70/15/15 splits repeated over folds; the naive
 baseline (no map) and four learned maps (linear / MLP with 1000 GELU units, trained with an L2 or
 a cosine loss: Adam, betas 0.9/0.999, batch 256, Glorot-uniform init, early stopping after
 ``patience`` epochs without validation improvement, the learning rate chosen on validation loss

@@ -7,7 +7,7 @@ distance, the linear-regression R^2 of y's features from x's, and learned alignm
 (``attrib_bench.analyses.alignment``: linear, MLP, INN) scored by MSE and R^2 on held-out
 sentences. Every model also gets a floor: the same measures against a randomly initialised model
 of its architecture, and between two randomly initialised ones, because random networks can look
-alike (../shared/specs/invariance.md).
+alike (docs/math/similarity.md, "The floor").
 
 The measures are pure functions of two matrices X (n, d1), Y (n, d2) whose rows are the same
 sentences (or tokens). Features are taken in eval mode and averaged over real tokens only.

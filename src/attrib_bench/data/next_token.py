@@ -1,6 +1,6 @@
 """Next-token minimal pairs: a prefix, its correct and wrong next word, and the evidence word.
 
-The format of Ferrando et al.'s BLiMP and IOI files (``../shared/data/blimp_targets``; ACL 2023,
+The format of Ferrando et al.'s BLiMP and IOI files (docs/next-token.md; ACL 2023,
 "Explaining How Transformers Use Context to Build Predictions"): CSVs with the columns
 ``one_prefix_prefix`` (the prefix), ``one_prefix_word_good`` / ``one_prefix_word_bad`` (the next
 words) and ``target`` (the prefix word that decides between them); BLiMP's ``UID`` names the

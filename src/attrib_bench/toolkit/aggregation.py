@@ -1,6 +1,6 @@
 """Aggregation across layers (rollout) and the residual mixing shared by attention-family methods.
 
-Conventions follow ../shared/specs/attention-family.md: R^1 = M^1, R^l = M^l @ R^(l-1) (the later
+Conventions follow docs/math/attention-family.md, eq. (3): R^1 = M^1, R^l = M^l @ R^(l-1) (the later
 layer multiplies on the left); the attribution of the target token at layer l is its row of R^l
 (row 0, the classification token, unless the run's target says otherwise: attrib_bench.core.target).
 Padded rows and columns are zeroed so that padding never leaks into real rows.

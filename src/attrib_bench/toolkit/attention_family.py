@@ -1,7 +1,7 @@
 """The attention family's shared flow: per-layer matrices M^l, an optional residual, rollout.
 
 Public so that the built-in ``attention``, ``rollout`` and ``effective-attention`` plugins and
-third-party methods share one implementation (../shared/specs/attention-family.md): a method
+third-party methods share one implementation (docs/math/attention-family.md, eqs. (1)-(3)): a method
 says how it gets M^l (and, if it must, how it mixes in the residual) and inherits the rest.
 ``head_mean_attention`` is memoised on the trace, so every method reading W shares one mean.
 """

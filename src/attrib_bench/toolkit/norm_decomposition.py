@@ -2,7 +2,7 @@
 
 Public so that the built-in ``norm`` plugin and third-party norm variants share one computation:
 ``norm_family(trace)`` is memoised on the trace, so a variant that reads it costs no second
-decomposition. Follows ../shared/specs/attention-family.md, which takes the official GlobEnc
+decomposition. Follows docs/math/attention-family.md, eqs. (4)-(13), after the official GlobEnc
 code's conventions: for token i of one post-LN layer, with f^h(x_j) = (x_j W_V^h + b_V^h) W_O^h
 (b_O dropped),
 
@@ -14,7 +14,7 @@ code's conventions: for token i of one post-LN layer, with f^h(x_j) = (x_j W_V^h
 with u1_i, u2_i the real pre-LayerNorm vectors (the FFN enters only through var(u2_i); beta1,
 beta2 dropped).
 
-A pre-LN block (GPT-2, LLaMA: docs/attention-family-pre-ln.md) reads N1(x_j) in f^h (the
+A pre-LN block (GPT-2, LLaMA: docs/math/attention-family-pre-ln.md) reads N1(x_j) in f^h (the
 captured values are already N1-applied) and keeps x_i as the residual; N-ResLN goes through
 the first norm reading u1_i, N2 (g1 below is then N2's map), and N-Enc through the norm that
 reads the block's output x'_i (the next block's N1, the final norm after the last block),

@@ -1,5 +1,5 @@
 """Jacobian-norm contributions of input tokens to hidden tokens: the math of hidden-token
-attribution (Brunner et al. 2020, ../shared/specs/identifiability.md).
+attribution (Brunner et al. 2020; docs/math/identifiability.md, eq. (4)).
 
 Public so that the ``hta`` plugin, the identifiability analysis and third-party methods share
 one implementation:
