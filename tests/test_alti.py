@@ -218,8 +218,9 @@ def test_causal_rows_give_nothing_to_later_tokens(tiny_decoders):
         assert torch.isclose(sums, torch.ones_like(sums)).logical_or(sums == 0).all()
 
 
-def test_conformance():
-    check_attributor(Alti())
+def test_conformance_in_chunks_of_one_element():
+    """The defaults are checked with every built-in in test_conformance.py; this is the other
+    distance, computed one element at a time."""
     check_attributor(Alti().configure({"distance": "l2", "chunk_elements": "1"}))
 
 

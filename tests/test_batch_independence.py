@@ -18,6 +18,7 @@ VARIANTS = [
     "effective-attention:residual=0.5",
     "hta:norm=sum",
     "saliency:target=gold,reduce=sum",
+    "saliency:layer=word_embeddings,reduce=abs-sum",
     "integrated-gradients:steps=4,chunk_tokens=20",
 ]
 

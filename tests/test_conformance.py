@@ -28,11 +28,15 @@ BERT = ("bert",)
 #: kit checks (positions, baselines, determinism, batch independence) does not depend on the
 #: count, and the defaults cost 45 s more on the two families here (IG's internal batches are
 #: checked by tests/test_batch_independence.py, its steps against Captum by test_gradient.py).
+#: These are the only conformance checks of these methods on the kit's families (and, through
+#: test_families.py, on every family): tests/test_perturbation.py and test_gradient.py ran the
+#: same checks again at these counts.
 FEWER_SAMPLES = {
     "integrated-gradients": "integrated-gradients:steps=8",
+    "gradient-shap": "gradient-shap:samples=4",
     "shapley-value-sampling": "shapley-value-sampling:samples=3",
-    "kernel-shap": "kernel-shap:samples=24",
-    "lime": "lime:samples=24",
+    "kernel-shap": "kernel-shap:samples=20",
+    "lime": "lime:samples=20",
 }
 
 

@@ -260,19 +260,6 @@ def test_gradient_shap_is_seeded_and_batch_independent(tiny_bert):
     assert not torch.allclose(first, other)
 
 
-@pytest.mark.parametrize("name", ["deeplift", "gradient-shap", "word-layer"])
-def test_new_gradient_methods_conform(name):
-    from attrib_bench.testing.conformance import check_attributor
-    from attrib_bench_plugins.gradient import DeepLift, GradientShap
-
-    method = {
-        "deeplift": DeepLift(),
-        "gradient-shap": GradientShap().configure({"samples": "4"}),
-        "word-layer": Saliency().configure({"layer": "word_embeddings", "reduce": "abs-sum"}),
-    }[name]
-    check_attributor(method)
-
-
 # ---- shared forward+backward pass (saliency, gradient) and IG's internal batches --------------
 
 
