@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import json
 import math
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,18 @@ def test_a_result_shows_its_leaderboards_and_heatmaps_in_a_notebook(runs):
         assert f"<code>{spec}</code>" in html and f"{method.score('spearman').mean:+.3f}" in html
     heatmaps = html[html.index("<h2>Token heatmaps</h2>") :]
     assert heatmaps.count('<span class="tok"') > len(result.methods)
+
+
+def test_a_result_from_the_facade_shows_itself_in_a_fresh_process(runs):
+    """``attrib_bench.load`` in a new notebook: no report imported by hand, the view is there."""
+    probe = (
+        "import sys, attrib_bench; "
+        f"html = attrib_bench.load({str(runs['whole'])!r})._repr_html_(); "
+        "print(html is not None and '<code>rollout</code>' in html)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True"]
 
 
 def _set(*path: Any, to: Any) -> Callable[[dict], None]:

@@ -129,9 +129,16 @@ if TYPE_CHECKING:
     from attrib_bench.results.typed import LayerScore, MethodResult, Result
 
 
+#: Modules whose names give or make a Result: using one also installs how a notebook shows a
+#: Result (``Result.html_view``), which the HTML report defines and results cannot import.
+_RESULT_MODULES = ("attrib_bench.api", "attrib_bench.results.typed")
+
+
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'attrib_bench' has no attribute {name!r}")
+    if _EXPORTS[name] in _RESULT_MODULES:
+        importlib.import_module("attrib_bench.reports.html")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)
     globals()[name] = value
     return value
