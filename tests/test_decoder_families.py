@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ARCHITECTURES, examples, full_trace, one_batch, randomize_norms_and_biases
+from helpers import (
+    ARCHITECTURES,
+    builtin_model_types,
+    examples,
+    full_trace,
+    one_batch,
+    randomize_norms_and_biases,
+)
 
 from attrib_bench.core.architecture_spec import ArchitectureSpec
 from attrib_bench.core.loaded_model import LoadedModel
@@ -27,7 +34,8 @@ from attrib_bench.toolkit.token_contributions import contributions
 from attrib_bench_plugins.effective import effective_attention
 from attrib_bench_plugins.norm import GLOBENC_EIGHT
 
-FAMILIES = ("gpt2", "llama", "mistral", "qwen2")
+#: Every model type of the built-in decoder families, from the registry.
+FAMILIES = builtin_model_types("causal")
 HEADS = ("classifier", "lm")
 #: Hugging Face computes LLaMA-family softmax and RMSNorm in float32 even in a float64 model.
 FLOAT32_INSIDE = {"rtol": 1e-5, "atol": 1e-7}
