@@ -473,18 +473,6 @@ def test_missing_alignment_module_is_a_usage_error(tiny_bert, run_cli, tmp_path,
     assert code == 2 and "--no-learned" in err
 
 
-def test_learned_maps_on_the_diagonal(tiny_bert, run_cli, tmp_path):
-    pytest.importorskip("attrib_bench.analyses.alignment")
-    output = tmp_path / "learned.json"
-    code, _, err = _similarity(run_cli, tiny_bert, output)
-    assert code == 0, err
-    measures = json.loads(output.read_text())["pairs"][0]["measures"]
-    for name in ("linear_mse", "linear_r2", "mlp_mse", "mlp_r2", "inn_mse", "inn_r2"):
-        matrix = measures[name]
-        assert all(matrix[i][i] is not None for i in range(4)), name
-        assert all(matrix[i][j] is None for i in range(4) for j in range(4) if i != j), name
-
-
 def _without_freia(monkeypatch) -> None:
     """FrEIA not installed: every import of it fails, also of a submodule imported already."""
     for name in [m for m in sys.modules if m.split(".")[0] == "FrEIA"] + ["FrEIA"]:
@@ -562,7 +550,8 @@ def test_models_of_different_widths_skip_the_inn_for_their_pair(
     tiny_bert, narrow_bert, run_cli, tmp_path
 ):
     """An invertible map needs equal widths: the default maps failed the whole command for two
-    models of different widths; now that pair alone goes without the INN, said and recorded."""
+    models of different widths; now that pair alone goes without the INN, said and recorded.
+    Every learned map is fitted on the diagonal alone (layer l onto layer l), on every pair."""
     pytest.importorskip("FrEIA")
     output = tmp_path / "widths.json"
     models = f"{tiny_bert},{narrow_bert}"
@@ -581,6 +570,13 @@ def test_models_of_different_widths_skip_the_inn_for_their_pair(
     for pair in pairs[1:]:  # a model and its random init: one width
         assert pair["skipped_maps"] == {}
         assert pair["measures"]["inn_r2"][0][0] is not None
+    for pair in pairs:
+        fitted = ("linear", "mlp") if pair is pairs[0] else ("linear", "mlp", "inn")
+        for name in (f"{m}_{score}" for m in ("linear", "mlp", "inn") for score in ("mse", "r2")):
+            matrix = pair["measures"][name]
+            diagonal = name.startswith(fitted)
+            assert all((matrix[i][i] is not None) is diagonal for i in range(4)), name
+            assert all(matrix[i][j] is None for i in range(4) for j in range(4) if i != j), name
     code, _, err = run_cli(
         "similarity", "--models", models, "--dataset", "default", "--limit", "12",
         "--output", output, "--quiet", "--maps", "linear,inn",
