@@ -42,3 +42,17 @@ def test_roberta_positions_skip_padding(tiny_roberta):
     assert torch.equal(
         positions[0, : int(real[0].sum())], torch.arange(int(real[0].sum())) + pad + 1
     )
+
+
+def test_the_weights_hash_ignores_buffers_and_sees_every_parameter(tiny_model):
+    """A buffer a transformers release adds or drops leaves the weights' identity alone; any
+    parameter that changes changes it (the gate compares models by it)."""
+    from attrib_bench.model.load import weights_hash
+
+    model = load_model(tiny_model, "cpu", architectures=ARCHITECTURES).model
+    before = weights_hash(model)
+    model.register_buffer("extra_ids", torch.arange(7))
+    assert weights_hash(model) == before
+    with torch.no_grad():
+        list(model.parameters())[-1].view(-1)[0] += 1e-6  # the head's last parameter
+    assert weights_hash(model) != before

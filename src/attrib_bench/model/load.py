@@ -71,9 +71,14 @@ def resolve_device(device: str) -> torch.device:
 
 
 def weights_hash(model: torch.nn.Module) -> str:
-    """sha256 over the parameters and buffers in name order: identifies the exact weights."""
+    """sha256 over the parameters in name order: identifies the exact weights.
+
+    Buffers are left out: which derived tensors a model keeps as buffers (position ids, token
+    type ids) changes between transformers releases (5.24 kept some in the state dict, 5.25
+    none), and the same weights must keep their identity for the gate's model check.
+    """
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(model.named_parameters()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
