@@ -129,15 +129,12 @@ def test_a_family_from_a_plugin_file_runs_like_the_family_it_copies(
     Without the spec, globenc fails alone with one line and integrated gradients still runs.
     """
     methods = ("--attributors", "globenc,integrated-gradients:steps=4")
-    code, _, err = run_cli(
-        "attribute", "--model", data2vec, *methods, "--quiet", "--output", tmp_path / "x.jsonl"
-    )
+    code, written, err = attribute_records(run_cli, data2vec, tmp_path / "x.jsonl", *methods)
     assert code == 3, err
     assert " ".join(err.split()).startswith(
         "warning: globenc failed and is dropped: globenc cannot run on model type "
         "'data2vec-text': it reads model internals, and no architecture adapter serves"
     )
-    written = [json.loads(line) for line in (tmp_path / "x.jsonl").read_text().splitlines()]
     assert {r["method"] for r in written} == {"integrated-gradients:steps=4", "globenc"}
     plugin = write_module(tmp_path / "data2vec_family.py", DATA2VEC_FAMILY)
     code, copied, err = attribute_records(
