@@ -202,7 +202,8 @@ def test_ci_runs_the_readme_test_command():
     assert install and "test" in install[1].split(","), "CI installs the test extra"
     assert "docs" in install[1].split(","), "CI installs the docs extra for mkdocs"
     assert 'pip install -e ".[test]" && python -m pytest' in README
-    for command in ("python -m pytest", "ruff check .", "ruff format --check .", "mkdocs build"):
+    commands = ("python -m pytest", "ruff check .", "ruff format --check .", "mkdocs build")
+    for command in (*commands, ".ci/wheel-check"):
         assert command in ci, command
     assert "mkdocs build --strict" in ci
 
