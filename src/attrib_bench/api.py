@@ -241,7 +241,14 @@ def _config(kind: Any, command: str, settings: Mapping[str, Any]) -> Any:
 def list_plugins(plugins: Sequence[Path | str] = ()) -> dict[str, list[dict[str, Any]]]:
     """What ``attrib-bench list`` shows: every attributor and evaluator installed (and in the
     ``plugins`` files) with its description, parameters, whether a plain run takes it and its
-    plugin; every model family with its capabilities and the attributors it serves."""
+    plugin; every model family with its capabilities and the attributors it serves.
+
+    >>> listing = list_plugins()
+    >>> sorted(listing)
+    ['architectures', 'attributors', 'evaluators']
+    >>> "globenc" in [row["name"] for row in listing["attributors"]]
+    True
+    """
     from attrib_bench.core.registry import load_registry
 
     registry = load_registry(plugins)

@@ -48,6 +48,13 @@ class Spec:
 
     @classmethod
     def parse(cls, text: str) -> Spec:
+        """A method as the command line and config files write it.
+
+        >>> Spec.parse("rollout:residual=0.9")
+        Spec(name='rollout', params=(('residual', '0.9'),))
+        >>> str(Spec.parse("rollout:residual=0.9,discard=0"))
+        'rollout:residual=0.9,discard=0'
+        """
         name, _, rest = text.strip().partition(":")
         params: list[tuple[str, str]] = []
         for item in filter(None, (part.strip() for part in rest.split(","))):

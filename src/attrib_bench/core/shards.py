@@ -11,7 +11,11 @@ from attrib_bench.core.errors import UsageError
 
 def parse_shard(text: str) -> tuple[int, int]:
     """``"i/N"`` as (i, N), 1 <= i <= N: shard i of N (``run --shard``; which examples, see
-    ``attrib_bench.runner.engine.shard_batches``)."""
+    ``attrib_bench.runner.engine.shard_batches``).
+
+    >>> parse_shard("2/4")
+    (2, 4)
+    """
     index, slash, count = str(text).strip().partition("/")
     try:
         i, n = int(index), int(count)

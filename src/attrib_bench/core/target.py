@@ -92,7 +92,13 @@ class Target:
         """``"position=last,score=gold"`` -> Target; a bad spec is a one-line UsageError.
 
         An empty spec and a repeated key are refused rather than read as the default and as
-        the last value: either is more likely a slip than the run the user meant.
+        the last value: either is more likely a slip than the run the user meant. Keys left
+        out keep their defaults, and the spec is written back in one order:
+
+        >>> str(Target.parse("score=gold,position=last"))
+        'position=last,score=gold'
+        >>> Target.parse("score=contrastive").to_dict()["class"]  # the default class
+        'predicted'
         """
         values: dict[str, str] = {}
         items = [part.strip() for part in text.split(",") if part.strip()]
