@@ -107,34 +107,35 @@ def wide(monkeypatch):
 # ------------------------------------------------------------------------ entry-point plugins
 
 
-def test_entry_point_plugin_is_discovered_and_runs(tiny_bert, tmp_path):
-    site = make_site(
+def test_entry_point_plugin_is_discovered_and_runs(tiny_bert, run_cli, tmp_path, monkeypatch):
+    """Listed by the installed command, from the shell; run in this process with the same
+    site on its path (a second process would spend its time importing transformers)."""
+    site = make_site(  # a module name of its own: this process keeps what it imports
         tmp_path / "site",
-        "my_attrib_plugin",
-        "my_attrib_plugin",
+        "decay_attrib_plugin",
+        "decay_attrib_plugin",
         POSITION_DECAY.format(name="position-decay"),
     )
     output = tmp_path / "result.json"
     run_args = ["run", "--model", tiny_bert, "--limit", "4", "--attributors", "position-decay"]
-    # Both processes at once: most of their time is importing torch and transformers.
     listing = start_subprocess(["list", "--json"], site)
-    running = start_subprocess([*run_args, "--quiet", "--output", output], site)
+    monkeypatch.syspath_prepend(str(site))
+    ran_code, ran_out, ran_err = run_cli(*run_args, "--quiet", "--output", output)
     listed_out, listed_err = listing.communicate(timeout=300)
-    ran_out, ran_err = running.communicate(timeout=300)
 
     assert listing.returncode == 0, listed_err
     attributors = {a["name"]: a for a in json.loads(listed_out)["attributors"]}
     assert attributors["position-decay"]["plugin"] == (
-        "my_attrib_plugin 1.0 (my_plugin = my_attrib_plugin)"
+        "decay_attrib_plugin 1.0 (my_plugin = decay_attrib_plugin)"
     )
     assert attributors["position-decay"]["description"].startswith("Scores fall")
     assert attributors["attention"]["plugin"] == BUILTIN_ATTENTION_SOURCE
 
-    assert running.returncode == 0, ran_err
+    assert ran_code == 0, ran_err
     assert "position-decay" in ran_out
     method = json.loads(output.read_text())["methods"]["position-decay"]
     assert method["status"] == "ok"
-    assert method["plugin"].startswith("my_attrib_plugin 1.0")
+    assert method["plugin"].startswith("decay_attrib_plugin 1.0")
     (summary,) = method["scores"]["spearman"]["aggregated"]
     assert summary["n"] == 4 and -1.0 <= summary["mean"] <= 1.0
 
