@@ -30,15 +30,20 @@ CHROMIUM = next(
 RUN = ("--limit", "6", "--batch-size", "3", "--quiet")
 
 
-@pytest.fixture
-def result(tiny_bert, run_cli, tmp_path, monkeypatch) -> Path:
-    """A cached run of two layer-wise methods (the saliency reference and random floor join)."""
-    monkeypatch.delenv(NO_CACHE_ENV)
-    output = tmp_path / "result.json"
-    code, _, err = run_cli(
-        "run", "--model", tiny_bert, "--attributors", "attention,rollout", *RUN, "--output", output
-    )
-    assert code == 0, err
+@pytest.fixture(scope="module")
+def result(tiny_bert, tmp_path_factory) -> Path:
+    """A cached run of two layer-wise methods (the saliency reference and random floor join),
+    made once for the tests that report it: the result names its cache folder, where the
+    report finds the token-level rows."""
+    from attrib_bench.cli import main
+
+    folder = tmp_path_factory.mktemp("report")
+    output = folder / "result.json"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTRIB_BENCH_CACHE", str(folder / "cache"))  # never the user's cache
+        patch.delenv(NO_CACHE_ENV, raising=False)
+        args = ["--model", str(tiny_bert), "--attributors", "attention,rollout", *RUN]
+        assert main(["run", *args, "--output", str(output)]) == 0
     return output
 
 
