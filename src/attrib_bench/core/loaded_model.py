@@ -70,7 +70,7 @@ class LoadedModel:
 
     def fast_attention(self) -> AbstractContextManager[str]:
         """Run ``model`` under sdpa inside the block, as before it after: for every pass that
-        reads no attention probabilities (attrib_bench.model.attention_kernels). Yields the
+        reads no attention probabilities (attrib_bench.core.attention_kernels). Yields the
         implementation in effect (eager for a model whose class has no sdpa)."""
         return attention_implementation(self.model, FAST)
 
