@@ -4,13 +4,18 @@
   benchmarks page links them instead of copying their numbers. A page links them by their path
   in the repository (``../benchmarks/results/x.md`` from ``docs/``), which works on GitHub too;
   the hook points such links at the copies on the site, and strict mode fails on a missing one.
-- ``<!-- methods-table -->`` and ``<!-- evaluators-table -->`` become tables built from the
-  plugin registry (``attrib_bench.core.registry.load_registry``) at build time, so they list
-  exactly the installed built-ins with their real defaults.
+- ``<!-- methods-table -->`` and ``<!-- evaluators-table -->`` become tables built at build
+  time from the registry's info records (``attrib_bench.core.registry.load_registry``,
+  ``Registered.info``): name, family, what it reads or needs, default run and the paper (the
+  class docstring's ``Reference:`` line); ``<!-- methods-parameters -->`` and
+  ``<!-- evaluators-parameters -->`` list every parameter with its default, allowed values and
+  meaning (``parameter_docs``). So they show exactly the installed built-ins, as the plugins
+  declare them.
 """
 
 from __future__ import annotations
 
+import json
 import posixpath
 import re
 from pathlib import Path
@@ -20,63 +25,6 @@ from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = "benchmarks/results"
-
-#: Built-in attributor plugin module -> (family, the model passes beyond the shared trace,
-#: reference). tests/test_docs.py checks that every built-in attributor's module is here.
-MODULES: dict[str, tuple[str, str, str]] = {
-    "attention": (
-        "attention",
-        "",
-        "Abnar & Zuidema 2020 ([math](math/attention-family.md))",
-    ),
-    "attention_flow": (
-        "attention",
-        "",
-        "Abnar & Zuidema 2020 ([math](math/decompositions.md#attention-flow))",
-    ),
-    "norm": (
-        "attention: norm-based",
-        "",
-        "Kobayashi et al. 2020, 2021; Modarressi et al. 2022 "
-        "([math](math/attention-family.md#the-norm-family))",
-    ),
-    "effective": (
-        "attention: identifiability",
-        "",
-        "Brunner et al. 2020 ([math](math/identifiability.md#effective-attention))",
-    ),
-    "alti": (
-        "decomposition",
-        "",
-        "Ferrando et al. 2022 ([math](math/decompositions.md#alti))",
-    ),
-    "decompx": (
-        "decomposition",
-        "",
-        "Modarressi et al. 2023 ([math](math/decompositions.md#decompx))",
-    ),
-    "value_zeroing": (
-        "decomposition: erasure of values",
-        "each layer rerun with one token's values zeroed, per token",
-        "Mohebbi et al. 2023 ([math](math/decompositions.md#value-zeroing))",
-    ),
-    "hta": (
-        "Jacobian",
-        "forward and backward passes from the first layer's input",
-        "Brunner et al. 2020 ([math](math/identifiability.md#hidden-token-attribution-hta))",
-    ),
-    "gradient": (
-        "gradient",
-        "",
-        "Captum ([math](math/gradients.md))",
-    ),
-    "perturbation": (
-        "perturbation",
-        "",
-        "Captum ([math](math/gradients.md#perturbation-methods))",
-    ),
-    "baselines": ("baseline", "", "the floor ([evaluators](evaluators.md))"),
-}
 
 
 def on_files(files: Files, config: Any) -> Files:
@@ -106,90 +54,88 @@ def _site_link(page_uri: str, target: str) -> str:
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
     uri = page.file.src_uri
     markdown = _LINK.sub(lambda m: m[1] + _site_link(uri, m[2]) + m[3], markdown)
-    if "<!-- methods-table -->" in markdown:
-        markdown = markdown.replace("<!-- methods-table -->", methods_table())
-    if "<!-- evaluators-table -->" in markdown:
-        markdown = markdown.replace("<!-- evaluators-table -->", evaluators_table())
+    tables = {
+        "<!-- methods-table -->": methods_table,
+        "<!-- methods-parameters -->": lambda: parameters_table("attributors"),
+        "<!-- evaluators-table -->": evaluators_table,
+        "<!-- evaluators-parameters -->": lambda: parameters_table("evaluators"),
+    }
+    for marker, table in tables.items():
+        if marker in markdown:
+            markdown = markdown.replace(marker, table())
     return markdown
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    """Text for a table cell: a ``|`` would end the cell, a ``*`` start emphasis."""
+    return text.replace("|", "\\|").replace("*", "\\*")
 
 
-def _params(obj: Any) -> str:
-    parameters = getattr(obj, "parameters", {}) or {}
-    return ", ".join(f"`{key}={value}`" for key, value in parameters.items()) or "none"
+def _codes(values: Any) -> str:
+    """``a``, ``b`` as code spans, or "none"."""
+    return ", ".join(f"`{value}`" for value in values) or "none"
 
 
-def _module(obj: Any) -> str:
-    return type(obj).__module__.rpartition(".")[2]
+def _default_run(info: Any, compares_models: bool = False) -> str:
+    if compares_models:
+        return "under `--models`"
+    return "yes" if info.in_default_run else "by name"
 
 
-def _passes(obj: Any, extra: str) -> str:
-    requires = sorted(getattr(obj, "requires", ()) or ())
-    if not requires:
-        module = _module(obj)
-        if module == "baselines":
-            return "none"
-        kind = "forward and backward" if module == "gradient" else "forward"
-        return f"its own {kind} passes (Captum)"
-    passes = "the shared trace"
-    if "embedding_graph" in requires:
-        passes += " and one backward pass through it"
-    if extra:
-        passes += f"; {extra}"
-    return passes + " (" + ", ".join(f"`{field}`" for field in requires) + ")"
+def _shipped(kind: str) -> list[tuple[str, Any]]:
+    """(name, registered) of the built-in plugins of ``kind``, by name."""
+    from attrib_bench.core.registry import load_registry
+
+    table = getattr(load_registry(), kind)
+    return [(name, registered) for name, registered in sorted(table.items()) if registered.shipped]
 
 
 def methods_table() -> str:
-    from attrib_bench.core.registry import load_registry
-
-    registry = load_registry()
+    """Captum's algorithm matrix for the built-in attributors, from their info records."""
     rows = [
-        "| name | family | passes (trace fields) | needs (capabilities) | default run | parameters "
-        "| reference |",
-        "|---|---|---|---|---|---|---|",
+        "| name | family | trace fields read | needs (capabilities) | default run | reference |",
+        "|---|---|---|---|---|---|",
     ]
-    for name, registered in sorted(registry.attributors.items()):
-        if not registered.shipped:
-            continue
-        obj = registered.obj
-        module = _module(obj)
-        if module not in MODULES:
-            raise KeyError(f"docs/hooks.py: add the built-in plugin module {module!r} to MODULES")
-        family, extra, reference = MODULES[module]
-        needs = getattr(obj, "needs", {}) or {}
-        needs_text = ", ".join(f"`{key}={value}`" for key, value in needs.items()) or "none"
-        default = "yes" if getattr(obj, "in_default_run", True) else "by name"
+    for name, registered in _shipped("attributors"):
+        info = registered.info
+        needs = [f"{key}={value}" for key, value in (info.needs or {}).items()]
         rows.append(
-            f"| `{name}` | {family} | {_cell(_passes(obj, extra))} | {_cell(needs_text)} "
-            f"| {default} | {_cell(_params(obj))} | {reference} |"
+            f"| `{name}` | {info.family} | {_codes(sorted(info.requires))} | {_codes(needs)} "
+            f"| {_default_run(info)} | {_cell(info.reference)} |"
         )
     return "\n".join(rows)
 
 
 def evaluators_table() -> str:
-    from attrib_bench.core.interfaces import compares_models
-    from attrib_bench.core.registry import load_registry
-
-    registry = load_registry()
     rows = [
-        "| name | what | better | reference | default run | parameters |",
-        "|---|---|---|---|---|---|",
+        "| name | family | what | better | reads the reference | default run | reference |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for name, registered in sorted(registry.evaluators.items()):
-        if not registered.shipped:
-            continue
-        obj = registered.obj
-        better = "higher" if getattr(obj, "higher_is_better", True) else "lower"
-        reference = "reads it" if getattr(obj, "needs_reference", False) else "no"
-        default = "yes" if getattr(obj, "in_default_run", True) else "by name"
-        if compares_models(obj):
-            default = "under `--models`"
-        description = _cell(getattr(obj, "description", ""))
+    for name, registered in _shipped("evaluators"):
+        info = registered.info
+        better = "higher" if info.higher_is_better else "lower"
+        reads = "yes" if info.needs_reference else "no"
+        default = _default_run(info, info.compares_models)
         rows.append(
-            f"| `{name}` | {description} | {better} | {reference} | {default} "
-            f"| {_cell(_params(obj))} |"
+            f"| `{name}` | {info.family} | {_cell(info.description)} | {better} | {reads} "
+            f"| {default} | {_cell(info.reference)} |"
         )
+    return "\n".join(rows)
+
+
+def parameters_table(kind: str) -> str:
+    """Every parameter of the built-in ``kind`` ("attributors" or "evaluators"): its default,
+    its allowed values where the set is closed, and its meaning and range."""
+    rows = [
+        "| name | parameter | default | values | meaning and range |",
+        "|---|---|---|---|---|",
+    ]
+    for name, registered in _shipped(kind):
+        info = registered.info
+        for key, default in info.parameters.items():
+            values = " \\| ".join(f"`{value}`" for value in info.choices.get(key, ()))
+            rows.append(
+                f"| `{name}` | `{key}` | `{json.dumps(default)}` | {values} "
+                f"| {_cell(info.parameter_docs.get(key, ''))} |"
+            )
     return "\n".join(rows)

@@ -158,14 +158,25 @@ def alti_matrices(trace: Trace, order: int, budget: int) -> list[torch.Tensor]:
 
 
 class Alti(Configurable):
-    """ALTI: L1 (or L2) distances of each token's transformed vector to the layer output."""
+    """ALTI: L1 (or L2) distances of each token's transformed vector to the layer output.
+
+    Reference: Ferrando, Gállego & Costa-jussà 2022, "Measuring the Mixing of Contextual
+    Information in the Transformer", EMNLP.
+    """
 
     name = "alti"
     description = "ALTI (Ferrando 2022): L1 distance of T_i(x_j) to LN1's output, rolled out"
     requires = REQUIRES
     needs = NEEDS
+    family = "decomposition"
     parameters = {"distance": "l1", "chunk_elements": 2**24}
     choices = {"distance": tuple(ORDERS)}
+    parameter_docs = {
+        "distance": "the vector norm of the distance of T_i(x_j) to the layer output: l1 (the "
+        "paper's and the official code's) or l2",
+        "chunk_elements": "the most elements of the (n, n, d) transformed vectors formed at "
+        "once (chunks of query rows); bounds memory, not the result; an integer >= 1",
+    }
 
     def validate(self) -> None:
         if self.params["chunk_elements"] < 1:

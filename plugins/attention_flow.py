@@ -63,6 +63,11 @@ def flow_rows(matrices_LNN: np.ndarray, target: int) -> np.ndarray:
 
 
 class AttentionFlow(Configurable):
+    """Per layer, the maximum flow from the target token to each input token, normalised.
+
+    Reference: Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers", ACL.
+    """
+
     name = "attention-flow"
     description = (
         "Attention flow (Abnar & Zuidema 2020): max flow from the target token at layer l to "
@@ -70,7 +75,12 @@ class AttentionFlow(Configurable):
     )
     requires = frozenset({"attentions"})
     in_default_run = False
+    family = "attention"
     parameters = {"residual": 0.5}
+    parameter_docs = {
+        "residual": "share r of the identity in each layer's capacities, (1 - r) W / rowsum(W) "
+        "+ r I (0.5: the official code's (A + I) / rowsum); in [0, 1)",
+    }
 
     def validate(self) -> None:
         if not 0.0 <= self.params["residual"] < 1.0:

@@ -10,10 +10,21 @@ from attrib_bench.toolkit.erasure import example_generator
 
 
 class RandomAttributor(Configurable):
+    """Uniform random scores in [0, 1) per real token, drawn from (run seed + ``seed``, the
+    example's id), so they never depend on the batch.
+
+    Reference: none (the floor every leaderboard carries: a method must beat chance).
+    """
+
     name = "random"
     description = "Uniform random scores per token, seeded per example (baseline floor)"
     requires = frozenset()
+    family = "baseline"
     parameters = {"seed": 0}
+    parameter_docs = {
+        "seed": "added to the run's seed; each example's scores are drawn from (run seed + "
+        "seed, example id); any integer",
+    }
 
     def attribute(self, trace: Trace) -> Attribution:
         batch = trace.batch

@@ -313,7 +313,11 @@ def decompx_vectors(adapter: EncoderAdapter, traced: Traced, budget: int) -> lis
 
 
 class DecompX(Configurable):
-    """DecompX: decomposition vectors through every part of the encoder, optionally the head."""
+    """DecompX: decomposition vectors through every part of the encoder, optionally the head.
+
+    Reference: Modarressi et al. 2023, "DecompX: Explaining Transformers Decisions by
+    Propagating Token Decomposition", ACL.
+    """
 
     name = "decompx"
     description = (
@@ -327,7 +331,15 @@ class DecompX(Configurable):
     #: About 20x a batched forward pass on SST-2 sentences (benchmarks/method_cost.py): over
     #: the default run's 10x budget, so it runs when selected by name.
     in_default_run = False
+    family = "decomposition"
     parameters = {"head": True, "chunk_elements": 2**24}
+    parameter_docs = {
+        "head": "true: on through the pooler and classifier to the explained class's logit, one "
+        "aggregated row (needs --target position=first); false: the norm of the target token's "
+        "vector from each input token, per layer (the paper's ablation without the head)",
+        "chunk_elements": "the most elements of the feed-forward's (n, n, d_ff) vectors formed "
+        "at once (chunks of query rows); bounds memory; an integer >= 1",
+    }
 
     def validate(self) -> None:
         if self.params["chunk_elements"] < 1:

@@ -142,11 +142,19 @@ def effective_attention(trace: Trace, layer: int) -> torch.Tensor:
 
 
 class EffectiveAttention(AttentionFamily):
-    """Head mean of effective attention, rolled out like ``attention``, rows not renormalised."""
+    """Head mean of effective attention, rolled out like ``attention``, rows not renormalised.
+
+    Reference: Brunner et al. 2020, "On Identifiability in Transformers", ICLR.
+    """
 
     name = "effective-attention"
     description = "Effective attention (Brunner et al. 2020): attention minus its null-space part"
     requires = frozenset({"attentions", "values"})
+    family = "attention"
+    parameter_docs = {
+        "residual": "share r of the identity, (1 - r) A_eff + r I per layer before the rollout "
+        "(rows not renormalised; 0: A_eff as is); in [0, 1)",
+    }
     #: The left null space of T_h is taken over all tokens, as a bidirectional layer reads them.
     needs = {"mask": "bidirectional"}
 

@@ -105,10 +105,21 @@ class Erasure(Configurable, ABC):
     needs_reference = False
     in_default_run = False
     higher_is_better = True
+    family = "faithfulness"
     #: "remove" erases the top k; "keep" erases everything but the top k.
     mode = "remove"
     parameters = {"ratios": AOPC_RATIOS, "removal": "auto", "layer": -1, "chunk_tokens": 8192}
     choices = {"removal": REMOVALS}
+    parameter_docs = {
+        "ratios": "the shares erased, '/'-separated, each in [0, 1]: k = ceil(ratio * n) of the "
+        "n real non-special tokens; the score is the mean over them",
+        "removal": "how a token is erased: mask ([MASK]), pad ([PAD], attention kept), zero "
+        "(zero embedding), delete (re-packed), retokenize (kept tokens decoded and tokenised "
+        "again, ferret's); auto: mask where the tokenizer has one, else delete",
+        "layer": "the method's row scored: -1, its last aggregated row; l >= 1, layer l's",
+        "chunk_tokens": "the most tokens in one batched pass of erased inputs; bounds memory; "
+        "an integer >= 1",
+    }
 
     def validate(self) -> None:
         parse_ratios(self.params["ratios"])
@@ -269,6 +280,18 @@ class AOPC(Erasure):
         "repeats": ("keep", "skip"),
         "empty": ("score", "skip"),
     }
+    parameter_docs = {
+        **Erasure.parameter_docs,
+        "protocol": "attrib-bench: the conventions of this module; ferret: ferret 0.4.2's, "
+        "setting ratios, removal, rationale, rounding, repeats and empty (one given beside it "
+        "wins)",
+        "rationale": "top-k: the k highest scores; positive: only those that are positive (ferret)",
+        "rounding": "k = ceil(ratio * n), or floor: int(ratio * n) (ferret)",
+        "repeats": "keep: every ratio counts; skip: a step erasing what the last one did is "
+        "neither evaluated nor counted (ferret)",
+        "empty": "score: a step erasing nothing counts; skip: it does not, and an example left "
+        "with no step scores ferret's constant (ferret)",
+    }
     #: The score of an example none of whose steps is evaluated (ferret's constant).
     no_step: float
 
@@ -302,8 +325,14 @@ class AOPC(Erasure):
 
 
 class Comprehensiveness(AOPC):
-    """``classes=all``: ferret's class-based AOPC (``aopc_class_compr``), the mean over every
-    class c of the comprehensiveness of p(c) for the method re-run with c as its target."""
+    """AOPC comprehensiveness: f(x) - f(x without its top k), averaged over ``ratios``.
+
+    ``classes=all``: ferret's class-based AOPC (``aopc_class_compr``), the mean over every
+    class c of the comprehensiveness of p(c) for the method re-run with c as its target.
+
+    Reference: DeYoung et al. 2020, "ERASER: A Benchmark to Evaluate Rationalized NLP
+    Models", ACL.
+    """
 
     name = "comprehensiveness"
     description = (
@@ -314,6 +343,11 @@ class Comprehensiveness(AOPC):
     no_step = 0.0
     parameters = {**AOPC.parameters, "classes": "target"}
     choices = {**AOPC.choices, "classes": ("target", "all")}
+    parameter_docs = {
+        **AOPC.parameter_docs,
+        "classes": "target: the class the method explained; all: the mean over every class, "
+        "the method re-run for each (ferret's class-based AOPC; classifiers only)",
+    }
 
     def plan(self, attribution: Attribution, context: EvalContext) -> None:
         """``classes=all`` erases by the method re-run per class (``each_class``), which only
@@ -357,6 +391,12 @@ class Comprehensiveness(AOPC):
 
 
 class Sufficiency(AOPC):
+    """AOPC sufficiency: f(x) - f(only the top k), averaged over ``ratios``; lower is better.
+
+    Reference: DeYoung et al. 2020, "ERASER: A Benchmark to Evaluate Rationalized NLP
+    Models", ACL.
+    """
+
     name = "sufficiency"
     description = (
         "AOPC sufficiency: f(x) - f(top-k% only), k in ratios; lower is better; "
@@ -376,10 +416,21 @@ def curve_area(values_RB: np.ndarray, ratios: tuple[float, ...]) -> np.ndarray:
 
 
 class Deletion(Erasure):
+    """The area under f as the top-ranked tokens are erased, ratio by ratio; lower is better.
+
+    Reference: Petsiuk, Das & Saenko 2018, "RISE: Randomized Input Sampling for Explanation of
+    Black-box Models", BMVC (the deletion and insertion metrics).
+    """
+
     name = "deletion"
     description = "Deletion curve: area under f as top-ranked tokens are erased; lower is better"
     higher_is_better = False
     parameters = {**Erasure.parameters, "ratios": CURVE_RATIOS}
+    parameter_docs = {
+        **Erasure.parameter_docs,
+        "ratios": "the curve's points, '/'-separated, at least two, increasing, each in [0, 1]: "
+        "the share k = ceil(ratio * n) of the n real non-special tokens erased",
+    }
 
     def validate(self) -> None:
         super().validate()
@@ -392,6 +443,12 @@ class Deletion(Erasure):
 
 
 class Insertion(Deletion):
+    """The area under f as the top-ranked tokens are restored, ratio by ratio.
+
+    Reference: Petsiuk, Das & Saenko 2018, "RISE: Randomized Input Sampling for Explanation of
+    Black-box Models", BMVC.
+    """
+
     name = "insertion"
     description = "Insertion curve: area under f as top-ranked tokens are restored"
     higher_is_better = True
@@ -409,6 +466,12 @@ def log_odds(log_probs_BC: np.ndarray, classes_B: np.ndarray) -> np.ndarray:
 
 
 class LogOdds(Erasure):
+    """The drop of the target class's log-odds log(p / (1 - p)) with the top k removed.
+
+    Reference: Shrikumar, Greenside & Kundaje 2017, "Learning Important Features Through
+    Propagating Activation Differences", ICML.
+    """
+
     name = "log-odds"
     description = "Drop of the target class's log-odds when the top 20% are removed"
     parameters = {**Erasure.parameters, "ratios": "0.2"}
@@ -425,12 +488,21 @@ class LogOdds(Erasure):
 
 
 class MaskedAccuracy(Erasure):
-    """Accuracy against the gold label after erasure, averaged over the bins (DecompX's ACC)."""
+    """Accuracy against the gold label after erasure, averaged over the bins (DecompX's ACC).
+
+    Reference: Modarressi et al. 2023, "DecompX: Explaining Transformers Decisions by
+    Propagating Token Decomposition", ACL.
+    """
 
     name = "masked-accuracy"
     description = "Gold-label accuracy after erasing the top-k% (mode=remove) or the rest (keep)"
     parameters = {**Erasure.parameters, "mode": "remove"}
     choices = {**Erasure.choices, "mode": ("remove", "keep")}
+    parameter_docs = {
+        **Erasure.parameter_docs,
+        "mode": "remove: erase the top k (lower is better); keep: erase all but the top k "
+        "(higher is better)",
+    }
 
     @property
     def mode(self) -> str:

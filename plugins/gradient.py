@@ -110,7 +110,16 @@ def _layer_output(
 
 class _EmbeddingGradient(Configurable, ABC):
     requires = frozenset()
+    family = "gradient"
     parameters = {"target": "run", "reduce": "l2", "layer": "embeddings"}
+    parameter_docs = {
+        "target": "the score differentiated: run, the run's --target score; predicted or gold, "
+        "that class's logit",
+        "reduce": "per token over the hidden dimension: l2 (GlobEnc's), sum (signed) or abs-sum "
+        "(ferret's plain gradient)",
+        "layer": "embeddings: the embedding module's output (after its LayerNorm, GlobEnc's); "
+        "word_embeddings: the word-embedding lookup's output (ferret, Captum, Inseq)",
+    }
     choices = {
         "target": ("run", "predicted", "gold"),
         "reduce": ("l2", "sum", "abs-sum"),
@@ -165,6 +174,9 @@ class Saliency(_EmbeddingGradient):
     """Gradient x input (the GlobEnc reference saliency), equal to Captum's
     LayerGradientXActivation (tests/test_gradient.py).
 
+    Reference: Shrikumar et al. 2016, "Not Just a Black Box: Learning Important Features
+    Through Propagating Activation Differences", arXiv:1605.01713 (gradient x input).
+
     Both backpropagate through the trace's forward pass, and ``saliency`` and ``gradient`` on
     one batch share one backward pass (the trace's memo, keyed by everything that changes the
     gradient: the layer and the explained classes and foils); each is still charged the
@@ -189,6 +201,12 @@ class Saliency(_EmbeddingGradient):
 
 
 class Gradient(Saliency):
+    """The plain gradient, with ``saliency``'s backward pass.
+
+    Reference: Simonyan, Vedaldi & Zisserman 2014, "Deep Inside Convolutional Networks:
+    Visualising Image Classification Models and Saliency Maps", ICLR workshop.
+    """
+
     name = "gradient"
     description = "Plain gradient at the embedding output, L2 per token (as Captum's)"
     multiply_by_inputs = False
@@ -210,11 +228,20 @@ class IntegratedGradients(_EmbeddingGradient):
     (attrib_bench.toolkit.budget.per_pass: as many passes as needed, as even as their number
     allows; a step longer than the budget runs alone). The chunking changes only the order in
     which the steps' gradients are summed. The passes run under sdpa (``scored_forward``).
+
+    Reference: Sundararajan, Taly & Yan 2017, "Axiomatic Attribution for Deep Networks", ICML.
     """
 
     name = "integrated-gradients"
     description = "Integrated Gradients on the embeddings, [PAD] baseline (Captum; steps=50)"
     parameters = {**_EmbeddingGradient.parameters, "steps": 50, "chunk_tokens": 2048}
+    parameter_docs = {
+        **_EmbeddingGradient.parameter_docs,
+        "steps": "points on the path from the [PAD] baseline to the input (Captum's n_steps); "
+        "an integer >= 1",
+        "chunk_tokens": "the most tokens in one pass (path steps of one example); bounds "
+        "memory, changes only the order the steps are summed in; an integer >= 1",
+    }
 
     def validate(self) -> None:
         if self.params["steps"] < 1:
@@ -255,6 +282,9 @@ class DeepLift(_EmbeddingGradient):
     and LayerNorm are functional or unknown to it, so their multipliers are their gradients at
     the input: on a model with none it knows (RoBERTa's head uses ``torch.tanh``) the result is
     gradient x (input - baseline) at the layer. Reported as Captum computes it.
+
+    Reference: Shrikumar, Greenside & Kundaje 2017, "Learning Important Features Through
+    Propagating Activation Differences", ICML.
     """
 
     name = "deeplift"
@@ -295,6 +325,9 @@ class GradientShap(_EmbeddingGradient):
     at the real input's positions; Captum draws ``samples`` (baseline, point on the path) pairs
     and adds Gaussian noise of ``stdevs`` to the layer output. Everything random is drawn from a
     seed of (run seed + ``seed``, example id), example by example.
+
+    Reference: Lundberg & Lee 2017, "A Unified Approach to Interpreting Model Predictions",
+    NeurIPS (GradientSHAP is Captum's gradient approximation of SHAP values).
     """
 
     name = "gradient-shap"
@@ -306,6 +339,15 @@ class GradientShap(_EmbeddingGradient):
         "baselines": 8,
         "stdevs": 0.0,
         "seed": 0,
+    }
+    parameter_docs = {
+        **_EmbeddingGradient.parameter_docs,
+        "samples": "(baseline, point on the path) pairs Captum draws per example; an integer >= 1",
+        "baselines": "random baseline sequences per example: special tokens kept, the others "
+        "drawn from the non-special vocabulary; an integer >= 1",
+        "stdevs": "standard deviation of the Gaussian noise added to the layer output; >= 0",
+        "seed": "added to the run's seed; draws are seeded by (run seed + seed, example id); "
+        "any integer",
     }
 
     def validate(self) -> None:

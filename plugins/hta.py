@@ -23,6 +23,12 @@ from attrib_bench.toolkit.token_contributions import contributions
 
 
 class HiddenTokenAttribution(Configurable):
+    """Per layer, each input token's share of the Jacobian norms of the target hidden token.
+
+    Reference: Brunner et al. 2020, "On Identifiability in Transformers", ICLR
+    (hidden-token attribution).
+    """
+
     name = "hta"
     description = "Hidden-token attribution (Brunner et al. 2020): Jacobian-norm share per layer"
     requires = frozenset({"hidden_states"})
@@ -30,8 +36,16 @@ class HiddenTokenAttribution(Configurable):
     needs: dict[str, str] = {}
     #: d backward passes per layer and example: seconds per example on a CPU; select it by name.
     in_default_run = False
+    family = "gradient"
     parameters = {"norm": "frobenius", "chunk_size": 256}
     choices = {"norm": ("frobenius", "sum")}
+    parameter_docs = {
+        "norm": "frobenius: the Frobenius norm of the exact d x d Jacobian block (d backward "
+        "passes per layer); sum: the L2 norm of the gradient of the hidden state's coordinate "
+        "sum (one backward pass per layer), the cheap variant",
+        "chunk_size": "the most backward passes torch.func.jacrev vectorises at once; bounds "
+        "memory, not the result; an integer >= 1",
+    }
 
     def attribute(self, trace: Trace) -> Attribution:
         x_BND = trace.hidden_states[0]

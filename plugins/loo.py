@@ -93,6 +93,13 @@ def kendall_tau_b(scores: np.ndarray, loo: np.ndarray) -> float:
 
 
 class LooTau(Configurable):
+    """Kendall's tau-b between a method's scores and the leave-one-out drops of f.
+
+    Reference: Attanasio et al. 2023, "ferret: a Framework for Benchmarking Explainers on
+    Transformers", EACL system demonstrations (taucorr_loo, after Jain & Wallace 2019,
+    "Attention is not Explanation", NAACL).
+    """
+
     name = "loo-tau"
     description = (
         "Kendall tau-b between the scores and leave-one-out drops of f (ferret's taucorr_loo); "
@@ -102,8 +109,16 @@ class LooTau(Configurable):
     higher_is_better = True
     #: One model call per token and example: selected by name, like the erasure evaluators.
     in_default_run = False
+    family = "faithfulness"
     parameters = {"removal": "delete", "layer": -1, "chunk_tokens": 8192}
     choices = {"removal": REMOVALS}
+    parameter_docs = {
+        "removal": "how the left-out token is erased, as faithfulness's: delete (ferret's, "
+        "without its decode round trip), retokenize (with it), mask, pad, zero; auto: mask "
+        "where the tokenizer has one, else delete",
+        "layer": "the method's row scored: -1, its last aggregated row; l >= 1, layer l's",
+        "chunk_tokens": "the most tokens in one batched pass; bounds memory; an integer >= 1",
+    }
 
     def validate(self) -> None:
         if self.params["layer"] == 0 or self.params["layer"] < -1:

@@ -30,10 +30,17 @@ def reciprocal_rank(scores: np.ndarray, evidence: np.ndarray) -> float:
 
 
 class Mrr:
+    """The reciprocal rank of the evidence word among the prefix words, per layer.
+
+    Reference: Ferrando et al. 2023, "Explaining How Transformers Use Context to Build
+    Predictions", ACL.
+    """
+
     name = "mrr"
     description = "Reciprocal rank of the evidence word among the prefix words (sum of pieces)"
     needs_reference = False
     in_default_run = False
+    family = "plausibility"
 
     def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
         batch = context.trace.batch

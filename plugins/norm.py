@@ -32,11 +32,23 @@ GLOBENC_EIGHT = (
 
 
 class NormVariant(Configurable):
-    """One of N, N-Res, N-ResLN, N-Enc: its per-layer matrix, rolled out as is."""
+    """One of N, N-Res, N-ResLN, N-Enc: its per-layer matrix, rolled out as is.
+
+    Reference: Kobayashi et al. 2020, "Attention is Not Only a Weight: Analyzing Transformers
+    with Vector Norms", EMNLP (norm); Kobayashi et al. 2021, "Incorporating Residual and
+    Normalization Layers into Analysis of Masked Language Models", EMNLP (norm-res,
+    norm-resln); Modarressi et al. 2022, "GlobEnc: Quantifying Global Token Attribution by
+    Incorporating the Whole Encoder Layer in Transformers", NAACL (globenc).
+    """
 
     requires = REQUIRES
     needs = NEEDS
+    family = "norm-based"
     parameters = {"normalize_rows": False}
+    parameter_docs = {
+        "normalize_rows": "rescale each layer's rows to sum 1 before the rollout (it changes "
+        "rankings); false, the official GlobEnc code's, rolls the matrices out as they are",
+    }
 
     def __init__(self, name: str, description: str):
         super().__init__()
@@ -51,13 +63,23 @@ class NormVariant(Configurable):
 
 
 class NormFixedResidual(Configurable):
-    """N-FixedRes: (1 - r) N / rowsum(N) + r I, r = residual = 0.5 by default."""
+    """N-FixedRes: (1 - r) N / rowsum(N) + r I, r = residual = 0.5 by default.
+
+    Reference: Modarressi et al. 2022, "GlobEnc: Quantifying Global Token Attribution by
+    Incorporating the Whole Encoder Layer in Transformers", NAACL
+    (N-FixedRes, one of the eight methods it compares: Kobayashi et al. 2020's N with the fixed
+    residual of Abnar & Zuidema 2020's rollout).
+    """
 
     name = "norm-fixedres"
     description = "N-FixedRes: (1 - r) * row-normalised N + r * I, r = residual = 0.5"
     requires = REQUIRES
     needs = NEEDS
+    family = "norm-based"
     parameters = {"residual": 0.5}
+    parameter_docs = {
+        "residual": "share r of the identity, (1 - r) N / rowsum(N) + r I per layer; in [0, 1)",
+    }
 
     def validate(self) -> None:
         if not 0.0 <= self.params["residual"] < 1.0:
@@ -72,12 +94,18 @@ class NormFixedResidual(Configurable):
 
 
 class AttentionResidual(Configurable):
-    """W-Res: attention off the diagonal scaled by GlobEnc's mixing ratio r_i, 1 - r_i on it."""
+    """W-Res: attention off the diagonal scaled by GlobEnc's mixing ratio r_i, 1 - r_i on it.
+
+    Reference: Modarressi et al. 2022, "GlobEnc: Quantifying Global Token Attribution by
+    Incorporating the Whole Encoder Layer in Transformers", NAACL
+    (W-Res, one of the eight methods it compares; the mixing ratio after Kobayashi et al. 2021).
+    """
 
     name = "attention-res"
     description = "W-Res: raw attention with GlobEnc's per-token residual ratio"
     requires = REQUIRES
     needs = NEEDS
+    family = "attention"
 
     def attribute(self, trace: Trace) -> Attribution:
         matrices = []

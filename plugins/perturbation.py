@@ -50,8 +50,19 @@ def baseline_token(loaded: LoadedModel, choice: str) -> int:
 
 class _TokenPerturbation(Configurable, ABC):
     requires = frozenset()
+    family = "perturbation"
     parameters = {"target": "run", "baseline": "auto", "seed": 0, "chunk_tokens": 8192}
     choices = {"target": ("run", "predicted", "gold"), "baseline": ("auto", "mask", "pad", "unk")}
+    parameter_docs = {
+        "target": "the score explained: run, the run's --target score; predicted or gold, "
+        "that class's logit",
+        "baseline": "the token a removed token becomes: auto ([MASK] where the tokenizer has "
+        "one, else [PAD]), mask, pad or unk",
+        "seed": "added to the run's seed; Captum's draws are seeded by (run seed + seed, "
+        "example id) (occlusion draws none); any integer",
+        "chunk_tokens": "the most tokens in one pass of perturbed inputs; bounds memory; an "
+        "integer >= 1",
+    }
 
     def validate(self) -> None:
         if self.params["chunk_tokens"] < 1:
@@ -126,7 +137,11 @@ def _sampled_attribute(params: dict, explainer, content_1M, baseline, target, pe
 class Occlusion(_TokenPerturbation):
     """Leave-one-out: the target score's drop when one token becomes the baseline token
     (Captum FeatureAblation, one feature per token; Captum's Occlusion with a window of one
-    token is the same computation)."""
+    token is the same computation).
+
+    Reference: Li, Monroe & Jurafsky 2016, "Understanding Neural Networks through
+    Representation Erasure", arXiv:1612.08220 (leave-one-out erasure).
+    """
 
     name = "occlusion"
     in_default_run = False  # 32x a forward pass on MiniLM (one pass per token, batched)
@@ -144,12 +159,21 @@ class Occlusion(_TokenPerturbation):
 
 
 class ShapleyValueSampling(_TokenPerturbation):
-    """Captum ShapleyValueSampling: ``samples`` random token orderings (Castro et al. 2009)."""
+    """Captum ShapleyValueSampling: ``samples`` random token orderings.
+
+    Reference: Castro, Gómez & Tejada 2009, "Polynomial Calculation of the Shapley Value Based
+    on Sampling", Computers & Operations Research.
+    """
 
     name = "shapley-value-sampling"
     description = "Shapley value sampling over tokens, [MASK] baseline (Captum; samples=25)"
     in_default_run = False
     parameters = {**_TokenPerturbation.parameters, "samples": 25}
+    parameter_docs = {
+        **_TokenPerturbation.parameter_docs,
+        "samples": "random token orderings per example (one model call per token each); an "
+        "integer >= 1",
+    }
 
     def evaluations(self, features: int) -> int:
         return self.params["samples"] * features  # one per feature of each ordering
@@ -163,12 +187,21 @@ class ShapleyValueSampling(_TokenPerturbation):
 
 class KernelShap(_TokenPerturbation):
     """Captum KernelShap: ``samples`` coalitions drawn under the Shapley kernel, fitted by
-    linear regression."""
+    linear regression.
+
+    Reference: Lundberg & Lee 2017, "A Unified Approach to Interpreting Model Predictions",
+    NeurIPS.
+    """
 
     name = "kernel-shap"
     description = "KernelSHAP over tokens, [MASK] baseline (Captum; samples=200)"
     in_default_run = False
     parameters = {**_TokenPerturbation.parameters, "samples": 200}
+    parameter_docs = {
+        **_TokenPerturbation.parameter_docs,
+        "samples": "coalitions (token subsets) drawn per example, one model call each; an "
+        "integer >= 1",
+    }
 
     def explain(self, forward, content_1M, baseline, target, per_eval):
         if content_1M.shape[1] == 1:  # the Shapley kernel is undefined for one feature, whose
@@ -184,13 +217,23 @@ class Lime(_TokenPerturbation):
     """Captum Lime: ``samples`` Bernoulli(0.5) token subsets weighted by Captum's exponential
     cosine kernel (width 1), fitted by ridge regression (alpha 1: the official ``lime``
     package's regressor); ``regression=lasso`` is Captum's default fit (Lasso, alpha 0.01),
-    which zeroes every token when the score moves by less than about 0.01."""
+    which zeroes every token when the score moves by less than about 0.01.
+
+    Reference: Ribeiro, Singh & Guestrin 2016, "'Why Should I Trust You?': Explaining the
+    Predictions of Any Classifier", KDD.
+    """
 
     name = "lime"
     description = "LIME over tokens, [MASK] baseline (Captum; samples=200)"
     in_default_run = False
     parameters = {**_TokenPerturbation.parameters, "samples": 200, "regression": "ridge"}
     choices = {**_TokenPerturbation.choices, "regression": ("ridge", "lasso")}
+    parameter_docs = {
+        **_TokenPerturbation.parameter_docs,
+        "samples": "token subsets drawn per example, one model call each; an integer >= 1",
+        "regression": "the surrogate's fit: ridge (alpha 1, the lime package's) or lasso "
+        "(alpha 0.01, Captum's default)",
+    }
 
     def explain(self, forward, content_1M, baseline, target, per_eval):
         from captum._utils.models.linear_model import SkLearnLasso, SkLearnRidge

@@ -109,8 +109,13 @@ class Plausibility(Configurable, ABC):
 
     needs_reference = False
     in_default_run = False
+    family = "plausibility"
     parameters = {"pool": "sum", "layer": -1}
     choices = {"pool": ("sum", "max")}
+    parameter_docs = {
+        "pool": "a word's score from its pieces' scores: sum or max",
+        "layer": "the method's row scored: -1, its last aggregated row; l >= 1, layer l's",
+    }
     #: Per-example values of a corpus-level statistic (see IouF1), returned as "aggregated/<part>".
     parts: tuple[str, ...] = ()
 
@@ -153,9 +158,20 @@ class Plausibility(Configurable, ABC):
 
 
 class TokenF1(Plausibility):
+    """Token F1 of the top-k words against the rationale's words.
+
+    Reference: DeYoung et al. 2020, "ERASER: A Benchmark to Evaluate Rationalized NLP
+    Models", ACL.
+    """
+
     name = "token-f1"
     description = "Token F1 of the top-k words vs human rationales (ERASER; k = rationale size)"
     parameters = {**Plausibility.parameters, "k_ratio": 0.0}
+    parameter_docs = {
+        **Plausibility.parameter_docs,
+        "k_ratio": "the predicted words: 0, as many as the rationale has; r > 0, the top "
+        "ceil(r * words); in [0, 1]",
+    }
 
     def validate(self) -> None:
         super().validate()
@@ -178,6 +194,9 @@ class IouF1(TokenF1):
     precision and recall under "aggregated/precision" and "aggregated/recall" (``parts``); the
     runner summarises the examples with ``aggregate`` over those two columns, its bootstrap
     resampling examples, instead of averaging the per-example F1.
+
+    Reference: DeYoung et al. 2020, "ERASER: A Benchmark to Evaluate Rationalized NLP
+    Models", ACL.
     """
 
     name = "iou-f1"
@@ -187,6 +206,11 @@ class IouF1(TokenF1):
     )
     parameters = {**TokenF1.parameters, "part": "f1"}
     choices = {**TokenF1.choices, "part": ("f1", "instance-f1", "precision", "recall")}
+    parameter_docs = {
+        **TokenF1.parameter_docs,
+        "part": "f1: ERASER's macro F1 of the mean precision and recall; instance-f1: the mean "
+        "of per-example F1s; precision or recall: that mean alone",
+    }
 
     @property
     def parts(self) -> tuple[str, ...]:
@@ -208,6 +232,12 @@ class IouF1(TokenF1):
 
 
 class Auprc(Plausibility):
+    """The area under the precision-recall curve of the word scores against the rationale.
+
+    Reference: DeYoung et al. 2020, "ERASER: A Benchmark to Evaluate Rationalized NLP
+    Models", ACL.
+    """
+
     name = "auprc"
     description = "AUPRC of soft word scores vs human rationales (ERASER)"
 

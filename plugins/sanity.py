@@ -76,6 +76,11 @@ def cascade(model: nn.Module, layers: list[nn.Module]) -> list[list[nn.Module]]:
 
 
 class ModelRandomization(Configurable):
+    """Spearman between the attributions on the trained and the cascading-randomised model.
+
+    Reference: Adebayo et al. 2018, "Sanity Checks for Saliency Maps", NeurIPS.
+    """
+
     name = "sanity"
     description = (
         "Spearman between attributions on the trained and cascading-randomised model "
@@ -84,8 +89,18 @@ class ModelRandomization(Configurable):
     needs_reference = False
     in_default_run = False
     higher_is_better = False
+    family = "sanity"
     parameters = {"steps": -1, "layer": -1, "drop_special": False, "target": "randomised"}
     choices = {"target": ("randomised", "trained")}
+    parameter_docs = {
+        "steps": "randomisation steps: 1 re-initialises the head, s also layers L..L-s+2; -1, "
+        "the head and every layer (L + 1 steps); -1 or an integer >= 1",
+        "layer": "the method's row scored: -1, its last aggregated row; l >= 1, layer l's",
+        "drop_special": "leave [CLS], [SEP] and the other special tokens out of the Spearman "
+        "correlation",
+        "target": "the class a method with target=predicted explains on the randomised model: "
+        "randomised, that model's own prediction; trained, the trained model's",
+    }
 
     def validate(self) -> None:
         if self.params["steps"] == 0 or self.params["steps"] < -1:

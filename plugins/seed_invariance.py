@@ -32,13 +32,26 @@ def top_k_jaccard(a_LN: np.ndarray, b_LN: np.ndarray, k: int) -> np.ndarray:
 
 
 class SeedInvariance(Configurable):
+    """Agreement of a method's rows of the same input under models that differ in their seed.
+
+    Reference: none (this project's evaluator; its question follows Ren et al. 2023, "All Roads
+    Lead to Rome? Exploring the Invariance of Transformers' Representations", arXiv).
+    """
+
     name = "seed-invariance"
     description = (
         "agreement of a method's rows of the same input under two models (--models), per layer: "
         "Spearman or top-k Jaccard, mean over model pairs (against=random-init: the floor)"
     )
+    family = "invariance"
     parameters = {"measure": "spearman", "k": 5, "against": "seeds"}
     choices = {"measure": ("spearman", "jaccard"), "against": ("seeds", "random-init")}
+    parameter_docs = {
+        "measure": "spearman over the real tokens, or jaccard: the overlap of the top k tokens",
+        "k": "the top tokens jaccard compares (capped at the token count); an integer >= 1",
+        "against": "seeds: the mean over every pair of the run's models; random-init: each "
+        "model against a randomly initialised one, the floor",
+    }
 
     def validate(self) -> None:
         if self.params["k"] < 1:

@@ -170,7 +170,18 @@ class SoftErasure(Configurable, ABC):
     in_default_run = False
     #: "remove": keep probability 1 - q (comprehensiveness); "keep": q (sufficiency).
     mode = "remove"
+    family = "faithfulness"
     parameters = {"normalise": True, "samples": 1, "seed": 0, "layer": -1, "chunk_tokens": 8192}
+    parameter_docs = {
+        "normalise": "true: the paper's Soft-NC / Soft-NS in [0, 1], normalised by the null "
+        "input (needs a probability, not a contrastive score); false: the raw drop of f",
+        "samples": "random masks drawn per example, their scores averaged (1: the paper's "
+        "single draw); an integer >= 1",
+        "seed": "added to the run's seed; masks are drawn from (run seed + seed, example id, "
+        "metric); any integer",
+        "layer": "the method's row scored: -1, its last aggregated row; l >= 1, layer l's",
+        "chunk_tokens": "the most tokens in one batched pass; bounds memory; an integer >= 1",
+    }
 
     def validate(self) -> None:
         if self.params["layer"] == 0 or self.params["layer"] < -1:
@@ -228,6 +239,13 @@ class SoftErasure(Configurable, ABC):
 
 
 class SoftComprehensiveness(SoftErasure):
+    """Soft-NC: the drop of f when each token's embedding elements are dropped with its
+    min-max importance as the probability.
+
+    Reference: Zhao & Aletras 2023, "Incorporating Attribution Importance for Improving
+    Faithfulness Metrics", ACL.
+    """
+
     name = "soft-comprehensiveness"
     description = (
         "Soft-NC (Zhao & Aletras 2023): drop of p(y) when embedding elements are dropped with "
@@ -241,6 +259,13 @@ class SoftComprehensiveness(SoftErasure):
 
 
 class SoftSufficiency(SoftErasure):
+    """Soft-NS: f kept when each token's embedding elements are kept with its min-max
+    importance as the probability.
+
+    Reference: Zhao & Aletras 2023, "Incorporating Attribution Importance for Improving
+    Faithfulness Metrics", ACL.
+    """
+
     name = "soft-sufficiency"
     description = (
         "Soft-NS (Zhao & Aletras 2023): p(y) kept when embedding elements are kept with "

@@ -33,10 +33,21 @@ def _match_layers(reference_BLN: np.ndarray, layers: int) -> np.ndarray:
 
 
 class Spearman(Configurable):
+    """Per example and layer, Spearman's rho between the method's row and the reference's.
+
+    Reference: Modarressi et al. 2022, "GlobEnc: Quantifying Global Token Attribution by
+    Incorporating the Whole Encoder Layer in Transformers", NAACL (its evaluation protocol).
+    """
+
     name = "spearman"
     description = "Spearman correlation with the reference attributor, per layer (GlobEnc protocol)"
     needs_reference = True
+    family = "agreement"
     parameters = {"drop_special": False}
+    parameter_docs = {
+        "drop_special": "leave [CLS], [SEP] and the other special tokens out of the correlation "
+        "(the GlobEnc protocol keeps them)",
+    }
 
     def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
         reference = context.reference.aggregated_BLN.detach().cpu().numpy()

@@ -92,6 +92,12 @@ def layer_matrix(
 
 
 class ValueZeroing(Configurable):
+    """Per layer, the cosine distance of each output token when one token's values are zeroed.
+
+    Reference: Mohebbi, Zuidema, Chrupała & Alishahi 2023, "Quantifying Context Mixing in
+    Transformers", EACL.
+    """
+
     name = "value-zeroing"
     description = (
         "Value zeroing (Mohebbi 2023): cosine distance of each layer's output when a token's "
@@ -103,8 +109,16 @@ class ValueZeroing(Configurable):
     needs = {"block": "post-ln", "mask": "bidirectional"}
     #: n + 1 reruns of every layer per example of n tokens, in float64: select it by name.
     in_default_run = False
+    family = "decomposition"
     parameters = {"precision": "float64", "chunk_size": 32}
     choices = {"precision": ("float64", "model")}
+    parameter_docs = {
+        "precision": "float64: each layer rerun on a float64 copy (the tiny distances ranked "
+        "exactly); model: rerun in the model's dtype, distances in float64 (about 2x faster "
+        "on a CPU, rows within ~1e-6)",
+        "chunk_size": "the most copies of a layer's input (one per zeroed token) in one call; "
+        "bounds memory, about chunk_size * n * (H n + 3 d_ff) * 8 bytes; an integer >= 1",
+    }
 
     def validate(self) -> None:
         if self.params["chunk_size"] < 1:

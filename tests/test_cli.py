@@ -70,7 +70,7 @@ def test_list_prints_a_table_of_every_builtin(run_cli, wide):
     for name in (*BUILTIN_ATTRIBUTORS, "spearman"):
         assert re.search(rf"│ {re.escape(name)} +│", out), name
     assert "attrib-bench 0.1.0 (attention =" in out
-    assert re.search(r"│ rollout +│.*│ residual=0.5 +│ yes +│", out)
+    assert re.search(r"│ rollout +│.*│ residual=0\.5: share .*│ yes +│", out)
     assert re.search(r"│ hta +│.*│ no +│", out)
 
 
@@ -97,9 +97,11 @@ def test_list_piped_folds_long_cells_instead_of_cutting_them(run_cli):
         return "".join(row[column] for row in cells[name]).replace(" ", "")
 
     for entry in listing["attributors"]:
-        expected = _parameters_text(entry["parameters"]).replace(" ", "")
+        expected = _parameters_text(entry["parameters"]).replace(" ", "").replace("\n", "")
         assert whole(entry["name"], 2) == expected, entry["name"]
         assert whole(entry["name"], 4) == entry["plugin"].replace(" ", ""), entry["name"]
+        description = f"{entry['description']}Reference:{entry['reference']}".replace(" ", "")
+        assert whole(entry["name"], 1) == description, entry["name"]
     assert "chunk_elements=16777216" in whole("alti", 2)
 
 
@@ -110,7 +112,8 @@ def test_list_json_schema_and_builtin_sources(run_cli):
     assert set(listing) == {"attributors", "evaluators", "architectures"}
     for kind in ("attributors", "evaluators"):
         for entry in listing[kind]:
-            keys = {"name", "description", "parameters", "default_run", "compares_models", "plugin"}
+            keys = {"name", "description", "family", "parameters", "default_run"}
+            keys |= {"compares_models", "plugin", "reference"}
             assert set(entry) == keys
             assert entry["description"].strip()
         names = [entry["name"] for entry in listing[kind]]
@@ -126,11 +129,15 @@ def test_list_json_schema_and_builtin_sources(run_cli):
     assert attributors["rollout"]["plugin"].endswith("(attention = attrib_bench_plugins.attention)")
     assert attributors["saliency"]["plugin"].endswith("(gradient = attrib_bench_plugins.gradient)")
     # Parameters with their defaults (and closed choices), and which run only when selected.
-    assert attributors["rollout"]["parameters"] == {"residual": {"default": 0.5}}
-    assert attributors["hta"]["parameters"]["norm"] == {
-        "default": "frobenius",
-        "choices": ["frobenius", "sum"],
-    }
+    # ... and what each means, with its range (parameter_docs).
+    residual = attributors["rollout"]["parameters"]["residual"]
+    assert set(attributors["rollout"]["parameters"]) == {"residual"}
+    assert residual["default"] == 0.5 and residual["doc"].endswith("in [0, 1)")
+    norm = attributors["hta"]["parameters"]["norm"]
+    assert (norm["default"], norm["choices"]) == ("frobenius", ["frobenius", "sum"])
+    assert norm["doc"].startswith("frobenius: ")
+    assert attributors["rollout"]["family"] == "attention"
+    assert attributors["rollout"]["reference"].startswith("Abnar & Zuidema 2020, ")
     assert attributors["attention"]["default_run"] and not attributors["hta"]["default_run"]
     evaluators = {e["name"]: e for e in listing["evaluators"]}
     assert evaluators["seed-invariance"]["compares_models"]

@@ -1,13 +1,19 @@
-"""Plugin capabilities are declared once: read into a frozen record with documented defaults."""
+"""Plugin capabilities are declared once: read into a frozen record with documented defaults.
+
+What a plugin documents is read the same way: its paper (the class docstring's ``Reference:``
+line), its family and a line per parameter; every built-in has them, ``list_plugins`` shows them.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
 
+import attrib_bench
 from attrib_bench.core.errors import UsageError
 from attrib_bench.core.plugin_info import (
     POSITIONS,
@@ -37,7 +43,11 @@ OPTIONAL = (
     "params",
     "parameters",
     "choices",
+    "parameter_docs",
+    "family",
 )
+#: A reference names a year and a quoted title, or says plainly that there is none.
+CITATION = re.compile(r'^(none \(.+\)\.|.* (19|20)\d\d, ".+", .+)$')
 
 
 class Minimal:
@@ -161,3 +171,107 @@ def test_the_core_reads_optional_attributes_only_through_the_record():
         if pattern.search(text)
     ]
     assert offenders == []
+
+
+# ----------------------------------------------------------------- what a plugin documents
+
+
+class Documented(Minimal):
+    """A minimal attributor that documents itself.
+
+    Reference: Someone et al. 2024, "A Title That Runs
+        Over Two Lines", Venue.
+
+    Anything after a blank line is no part of it.
+    """
+
+    family = "attention"
+    parameters = {"residual": 0.5, "seed": 0}
+    parameter_docs = {"residual": "share of the identity; in [0, 1)"}
+
+
+class Inherits(Documented):
+    pass
+
+
+def test_the_reference_is_the_docstring_paragraph_and_the_docs_are_read_once():
+    info = attributor_info(Documented())
+    assert info.reference == 'Someone et al. 2024, "A Title That Runs Over Two Lines", Venue.'
+    assert info.family == "attention"
+    assert info.parameter_docs == {"residual": "share of the identity; in [0, 1)"}
+    assert attributor_info(Inherits()).reference == info.reference  # a subclass without its own
+    assert attributor_info(Minimal()).reference == ""  # no docstring at all
+
+
+def test_every_builtin_cites_its_paper_and_documents_every_parameter():
+    """The methods and evaluators tables of the docs and ``attrib-bench list`` show these."""
+    registry = load_registry()
+    for kind in ("attributors", "evaluators"):
+        for name, registered in getattr(registry, kind).items():
+            if not registered.shipped:
+                continue
+            info = registered.info
+            assert CITATION.match(info.reference), (name, info.reference)
+            assert info.family, name
+            undocumented = set(info.parameters) - set(info.parameter_docs)
+            assert not undocumented, (name, undocumented)
+
+
+THIRD_PARTY = """
+    import attrib_bench
+
+
+    class Plain:
+        name = "plain"
+        description = "declares nothing it may leave out"
+        requires = frozenset({{"attentions"}})
+        parameters = {{"width": 3}}
+        {extra}
+
+        def attribute(self, trace):
+            raise NotImplementedError
+
+
+    @attrib_bench.hookimpl
+    def attrib_bench_attributors():
+        return [Plain()]
+"""
+
+
+def third_party(tmp_path: Path, extra: str = "") -> Path:
+    path = tmp_path / "plain.py"
+    path.write_text(textwrap.dedent(THIRD_PARTY.format(extra=extra)).lstrip())
+    return path
+
+
+def test_list_plugins_shows_references_and_parameter_docs(tmp_path):
+    listing = attrib_bench.list_plugins([third_party(tmp_path)])
+    rows = {row["name"]: row for kind in ("attributors", "evaluators") for row in listing[kind]}
+    rollout = rows["rollout"]
+    assert rollout["reference"].startswith('Abnar & Zuidema 2020, "Quantifying Attention Flow')
+    assert rollout["family"] == "attention"
+    assert rollout["parameters"]["residual"]["default"] == 0.5
+    assert rollout["parameters"]["residual"]["doc"].endswith("in [0, 1)")
+    assert rows["spearman"]["parameters"]["drop_special"]["doc"]
+    assert rows["random"]["reference"].startswith("none (")
+    # A third party's plugin that documents nothing still loads, with the empty defaults.
+    plain = rows["plain"]
+    assert (plain["reference"], plain["family"]) == ("", "")
+    assert plain["parameters"] == {"width": {"default": 3, "doc": ""}}
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ('parameter_docs = ["x"]', "`parameter_docs` must be a dict of parameter name"),
+        ('parameter_docs = {"width": 3}', "`parameter_docs` must be a dict of parameter name"),
+        ('parameter_docs = {"height": "x"}', "documents parameters it does not have: ['height']"),
+        ("family = 3", "`family` must be a string, not 3"),
+    ],
+)
+def test_a_wrong_documentation_type_is_one_usage_error_naming_the_plugin(tmp_path, extra, needle):
+    with pytest.raises(UsageError) as raised:
+        attrib_bench.list_plugins([third_party(tmp_path, extra)])
+    message = str(raised.value)
+    assert message.startswith("attributor 'plain' from file "), message
+    assert needle in message and "\n" not in message

@@ -260,10 +260,15 @@ def list_plugins(plugins: Sequence[Path | str] = ()) -> dict[str, list[dict[str,
 
 
 def _parameters(info: AttributorInfo | EvaluatorInfo) -> dict[str, dict[str, Any]]:
-    """A plugin's parameters: each default, and the allowed values where the set is closed."""
+    """A plugin's parameters: each default, the allowed values where the set is closed, and
+    its meaning and range (``parameter_docs``; "" where the plugin documents none)."""
     choices = info.choices
     return {
-        key: {"default": default, **({"choices": list(choices[key])} if key in choices else {})}
+        key: {
+            "default": default,
+            **({"choices": list(choices[key])} if key in choices else {}),
+            "doc": info.parameter_docs.get(key, ""),
+        }
         for key, default in info.parameters.items()
     }
 
@@ -275,12 +280,15 @@ def _plugin_rows(registry: Registry, kind: str) -> list[dict[str, Any]]:
         {
             "name": name,
             "description": reg.obj.description,
+            "family": reg.info.family,
             "parameters": _parameters(reg.info),
             # A third party's attributor runs only when named (Registry.defaults).
             "default_run": reg.info.in_default_run and (reg.shipped or kind != "attributors"),
             # A ModelEvaluator: scored in runs over several models (--models) only.
             "compares_models": compares_models(reg.obj),
             "plugin": reg.source,
+            # The class docstring's ``Reference:`` line: the paper, or why there is none.
+            "reference": reg.info.reference,
         }
         for name, reg in sorted(getattr(registry, kind).items())
     ]

@@ -352,9 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _parameters_text(parameters: dict[str, dict]) -> str:
-    return ", ".join(
+    """One line per parameter, ``name=default (choices): meaning and range``."""
+    return "\n".join(
         f"{key}={json.dumps(p['default'])}"
         + (f" ({'|'.join(p['choices'])})" if "choices" in p else "")
+        + (f": {p['doc']}" if p.get("doc") else "")
         for key, p in parameters.items()
     )
 
@@ -376,13 +378,22 @@ def _list(args: argparse.Namespace, out: Console) -> int:
             "shipped with attrib-bench)",
             caption_justify="left",
         )
-        # Fold what does not fit (a long default): a cut cell would hide the value.
-        for column in ("name", "description", "parameters (defaults)", "default run", "plugin"):
+        # Fold what does not fit (a long default): a cut cell would hide the value. The paper
+        # goes under the description: a sixth column would leave each too narrow to read.
+        for column in (
+            "name",
+            "description, reference",
+            "parameters: default (values): meaning",
+            "default run",
+            "plugin",
+        ):
             table.add_column(column, overflow="fold")
         for row in listing[kind]:
+            paper = row["reference"]
+            reference = f"\n[dim]Reference: {escape(paper)}[/]" if paper else ""
             table.add_row(
                 row["name"],
-                row["description"],
+                escape(row["description"]) + reference,
                 escape(_parameters_text(row["parameters"])),
                 ("--models runs" if row["compares_models"] else "yes")
                 if row["default_run"]

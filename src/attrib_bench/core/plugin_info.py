@@ -2,10 +2,12 @@
 
 An attributor or evaluator must have its protocol's attributes (attrib_bench.core.interfaces);
 everything else it may declare is listed here, with its default and meaning, and read in one
-place: :func:`attributor_info` and :func:`evaluator_info` check the types (a wrong one is one
-UsageError naming the plugin) and return the record the core reads, never the object's
-attributes. The registry reads it at registration (``Registered.info``); a configured copy
-(``name:key=value``) is read again, since its ``params`` differ.
+place, what it documents included (its paper from the class docstring's ``Reference:`` line,
+its ``family``, a line per parameter in ``parameter_docs``: ``attrib-bench list`` and the docs'
+tables show them): :func:`attributor_info` and :func:`evaluator_info` check the types (a wrong
+one is one UsageError naming the plugin) and return the record the core reads, never the
+object's attributes. The registry reads it at registration (``Registered.info``); a configured
+copy (``name:key=value``) is read again, since its ``params`` differ.
 
 :class:`AttributorBase` and :class:`EvaluatorBase` declare every optional attribute with its
 default and docstring, for plugin authors who want the whole contract in one place; subclassing
@@ -14,6 +16,8 @@ them is optional.
 
 from __future__ import annotations
 
+import inspect
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -24,6 +28,8 @@ from attrib_bench.core.errors import UsageError
 
 #: Every target position a method can explain (attrib_bench.core.target).
 POSITIONS = ("first", "last")
+#: The class docstring's ``Reference:`` paragraph: that line and the lines up to a blank one.
+_REFERENCE = re.compile(r"^Reference:[ \t]*(?P<text>.+(?:\n[ \t]*\S.*)*)", flags=re.M)
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,13 @@ class AttributorInfo:
     settings: Mapping[str, Any] | None = None
     #: Bumped by the plugin when its output changes without its source changing (the cache).
     version: str = "0"
+    #: Its paper, from the class docstring's ``Reference:`` line ("": none given).
+    reference: str = ""
+    #: Parameter name -> its meaning and range (or what its choices mean); may leave some out.
+    parameter_docs: Mapping[str, str] = field(default_factory=dict)
+    #: The kind of method ("attention", "norm-based", "decomposition", "gradient",
+    #: "perturbation", "baseline"...): the docs' tables group by it ("": not given).
+    family: str = ""
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,10 @@ class EvaluatorInfo:
     choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     settings: Mapping[str, Any] | None = None
     version: str = "0"
+    reference: str = ""
+    parameter_docs: Mapping[str, str] = field(default_factory=dict)
+    #: What it measures ("faithfulness", "plausibility", "sanity", "agreement"...).
+    family: str = ""
 
 
 def _named(obj: Any) -> list[str]:
@@ -101,6 +118,10 @@ def _common(obj: Any, problems: list[str]) -> dict[str, Any]:
         problems.append("`parameters` and `choices` must be dicts (name -> default / values)")
         parameters, choices = {}, {}
     settings = getattr(obj, "params", None)
+    family = getattr(obj, "family", "")
+    if not isinstance(family, str):
+        problems.append(f"`family` must be a string, not {family!r}")
+        family = ""
     return {
         "name": getattr(obj, "name", type(obj).__name__),
         "description": getattr(obj, "description", ""),
@@ -109,7 +130,34 @@ def _common(obj: Any, problems: list[str]) -> dict[str, Any]:
         "choices": MappingProxyType({k: tuple(v) for k, v in choices.items()}),
         "settings": MappingProxyType(dict(settings)) if isinstance(settings, Mapping) else None,
         "version": str(getattr(obj, "version", "0")),
+        "reference": reference(obj),
+        "parameter_docs": MappingProxyType(_parameter_docs(obj, parameters, problems)),
+        "family": family,
     }
+
+
+def reference(obj: Any) -> str:
+    """The ``Reference:`` paragraph of the class docstring (a subclass without a docstring of
+    its own inherits its base's), its lines joined; "" when there is none."""
+    match = _REFERENCE.search(inspect.getdoc(type(obj)) or "")
+    return " ".join(match["text"].split()) if match else ""
+
+
+def _parameter_docs(obj: Any, parameters: Mapping[str, Any], problems: list[str]) -> dict:
+    """``parameter_docs``: non-empty strings, each for a parameter the plugin has."""
+    docs = getattr(obj, "parameter_docs", {})
+    if not isinstance(docs, Mapping) or not all(
+        isinstance(text, str) and text.strip() for text in docs.values()
+    ):
+        problems.append(
+            "`parameter_docs` must be a dict of parameter name -> its meaning and range (a "
+            f"non-empty string), not {docs!r}"
+        )
+        return {}
+    unknown = sorted(set(docs) - set(parameters))
+    if unknown:
+        problems.append(f"`parameter_docs` documents parameters it does not have: {unknown}")
+    return {key: docs[key] for key in parameters if key in docs}
 
 
 def attributor_problems(obj: Any) -> tuple[dict[str, Any], list[str]]:
@@ -203,7 +251,10 @@ def evaluator_info(obj: Any) -> EvaluatorInfo:
 class AttributorBase:
     """Optional base class: every attribute an attributor may declare, with its default.
 
-    Required: ``name``, ``description``, ``requires`` and ``attribute(trace)``.
+    Required: ``name``, ``description``, ``requires`` and ``attribute(trace)``. Cite the
+    method's paper in the class docstring, on a line of its own that starts with
+    ``Reference:`` (authors, year, "title", venue; or say that there is none and why), as
+    Inseq's method classes do: ``attrib-bench list`` and the docs show it.
     """
 
     name: ClassVar[str]
@@ -218,14 +269,22 @@ class AttributorBase:
     target_positions: ClassVar[tuple[str, ...]] = POSITIONS
     #: Bump when the output changes though the plugin's source did not (the cache reads it).
     version: ClassVar[str] = "0"
+    #: Parameter name -> its meaning and its range, or what each choice means (the default
+    #: is in ``parameters``, see attrib_bench.Configurable): ``attrib-bench list`` and the
+    #: docs show them.
+    parameter_docs: ClassVar[Mapping[str, str]] = MappingProxyType({})
+    #: The kind of method: "attention", "norm-based", "decomposition", "gradient",
+    #: "perturbation", "baseline" or your own word; the docs' methods table shows it.
+    family: ClassVar[str] = ""
 
 
 class EvaluatorBase:
     """Optional base class: every attribute an evaluator may declare, with its default.
 
     Required: ``name``, ``description``, ``needs_reference`` and ``score(attribution,
-    context)``. Optional methods: ``plan(attribution, context)`` (announce pooled model calls)
-    and, with ``parts``, ``aggregate(values_EP) -> float``.
+    context)``; cite the paper as :class:`AttributorBase` says. Optional methods:
+    ``plan(attribution, context)`` (announce pooled model calls) and, with ``parts``,
+    ``aggregate(values_EP) -> float``.
     """
 
     name: ClassVar[str]
@@ -241,3 +300,7 @@ class EvaluatorBase:
     #: False when the score thresholds the attribution (re-batching may move it).
     batch_independent: ClassVar[bool] = True
     version: ClassVar[str] = "0"
+    #: As :attr:`AttributorBase.parameter_docs`.
+    parameter_docs: ClassVar[Mapping[str, str]] = MappingProxyType({})
+    #: What it measures: "faithfulness", "plausibility", "sanity", "agreement" or your own word.
+    family: ClassVar[str] = ""
