@@ -337,10 +337,11 @@ def counted_ids() -> set[str]:
 
 def interrupt(args: list[str], how: signal.Signals, after: int) -> str:
     """Run ``attrib-bench`` in a subprocess and send it ``how`` once ``after`` examples of the
-    ``counted`` method are cached; its stderr."""
+    ``counted`` method are cached; its stderr. The run computes 3 examples of ``counted`` and
+    then waits in its next call, so the signal always lands midway."""
     process = subprocess.Popen(
         [sys.executable, "-m", "attrib_bench", *args],
-        env={**os.environ, "COUNT_SLEEP": "0.3"},
+        env={**os.environ, "COUNT_BLOCK_AFTER": "3"},
         # A shell's background job inherits SIGINT ignored, and Python then never raises
         # KeyboardInterrupt: give the run Ctrl-C's default, whoever started the suite.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
@@ -383,12 +384,12 @@ def test_an_interrupted_run_resumes_and_loses_nothing(tiny_bert, run_cli, tmp_pa
     ]
     interrupt(args, signal.SIGKILL, after=3)
     killed = counted_ids()
-    assert 3 <= len(killed) < 12
+    assert len(killed) == 3
     cache_on.unlink()
     err = interrupt(args, signal.SIGINT, after=len(killed) + 3)
     assert "corrupt" not in err
     interrupted = counted_ids()
-    assert len(interrupted) >= len(killed) + 3
+    assert len(interrupted) == len(killed) + 3
     assert {i for _, i in computed(cache_on)}.isdisjoint(killed)
     assert not (tmp_path / "result.json").exists()
 

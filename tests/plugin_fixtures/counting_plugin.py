@@ -1,8 +1,10 @@
 """Test plugin: attributors that log every example they compute, to test the result cache.
 
-``COUNT_LOG`` names a file that gets one line ``method id`` per example attributed, and
-``COUNT_SLEEP`` seconds are slept per batch (so a test can interrupt a run midway). The scores
-fall with the token position, offset per method: deterministic and not constant.
+``COUNT_LOG`` names a file that gets one line ``method id`` per example attributed. With
+``COUNT_BLOCK_AFTER=n`` a method that has attributed n examples in this process waits in its
+next call until the process is stopped: a test interrupts a run midway at a known point,
+however loaded the machine (a sleep per batch raced the test's polling, and lost under load).
+The scores fall with the token position, offset per method: deterministic and not constant.
 """
 
 import os
@@ -12,6 +14,9 @@ from pathlib import Path
 import torch
 
 import attrib_bench
+
+#: Examples each method attributed in this process (for ``COUNT_BLOCK_AFTER``).
+_ATTRIBUTED: dict[str, int] = {}
 
 
 class Counted:
@@ -23,7 +28,11 @@ class Counted:
         self.offset = offset
 
     def attribute(self, trace: attrib_bench.Trace) -> attrib_bench.Attribution:
-        time.sleep(float(os.environ.get("COUNT_SLEEP", "0")))
+        block = os.environ.get("COUNT_BLOCK_AFTER")
+        if block is not None and _ATTRIBUTED.get(self.name, 0) >= int(block):
+            while True:  # until the test kills or interrupts the process
+                time.sleep(1)
+        _ATTRIBUTED[self.name] = _ATTRIBUTED.get(self.name, 0) + len(trace.batch.examples)
         log = os.environ.get("COUNT_LOG")
         if log:
             with Path(log).open("a") as handle:
