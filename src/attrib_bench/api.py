@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 if TYPE_CHECKING:
-    from attrib_bench.core.plugin_info import AttributorInfo, EvaluatorInfo
+    from attrib_bench.core.plugin_info import PluginInfo
     from attrib_bench.core.registry import Registry
     from attrib_bench.results.compare import Comparison
     from attrib_bench.results.typed import Result
@@ -259,7 +259,7 @@ def list_plugins(plugins: Sequence[Path | str] = ()) -> dict[str, list[dict[str,
     }
 
 
-def _parameters(info: AttributorInfo | EvaluatorInfo) -> dict[str, dict[str, Any]]:
+def _parameters(info: PluginInfo) -> dict[str, dict[str, Any]]:
     """A plugin's parameters: each default, the allowed values where the set is closed, and
     its meaning and range (``parameter_docs``; "" where the plugin documents none)."""
     choices = info.choices

@@ -32,23 +32,14 @@ POSITIONS = ("first", "last")
 _REFERENCE = re.compile(r"^Reference:[ \t]*(?P<text>.+(?:\n[ \t]*\S.*)*)", flags=re.M)
 
 
-@dataclass(frozen=True)
-class AttributorInfo:
-    """What the core knows of an attributor besides ``attribute``."""
+@dataclass(frozen=True, kw_only=True)
+class PluginInfo:
+    """What every attributor and evaluator may declare besides its protocol's attributes."""
 
     name: str
     description: str
-    #: Trace fields ``attribute`` reads; the runner captures their union once per batch.
-    requires: frozenset[str]
-    #: Capability -> value it needs of the model family (attrib_bench.core.architecture_spec);
-    #: None when it declares none, so reads no family internals beyond what it ``requires``.
-    needs: Mapping[str, str] | None = None
-    #: False: a costly method, run only when selected by name.
+    #: False: a costly plugin, run only when selected by name.
     in_default_run: bool = True
-    #: The target positions it can explain (a classification head reads the first token).
-    target_positions: tuple[str, ...] = POSITIONS
-    #: It explains its own score, not the run's target (``explained_target(trace)``).
-    explains_own_target: bool = False
     #: Parameter names and defaults, and the allowed values of closed string parameters.
     parameters: Mapping[str, Any] = field(default_factory=dict)
     choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -60,23 +51,35 @@ class AttributorInfo:
     reference: str = ""
     #: Parameter name -> its meaning and range (or what its choices mean); may leave some out.
     parameter_docs: Mapping[str, str] = field(default_factory=dict)
-    #: The kind of method ("attention", "norm-based", "decomposition", "gradient",
-    #: "perturbation", "baseline"...): the docs' tables group by it ("": not given).
+    #: A method's kind ("attention", "norm-based", "decomposition", "gradient", "perturbation",
+    #: "baseline"...) or what an evaluator measures ("faithfulness", "plausibility", "sanity",
+    #: "agreement"...): the docs' tables group by it ("": not given).
     family: str = ""
 
 
-@dataclass(frozen=True)
-class EvaluatorInfo:
+@dataclass(frozen=True, kw_only=True)
+class AttributorInfo(PluginInfo):
+    """What the core knows of an attributor besides ``attribute``."""
+
+    #: Trace fields ``attribute`` reads; the runner captures their union once per batch.
+    requires: frozenset[str]
+    #: Capability -> value it needs of the model family (attrib_bench.core.architecture_spec);
+    #: None when it declares none, so reads no family internals beyond what it ``requires``.
+    needs: Mapping[str, str] | None = None
+    #: The target positions it can explain (a classification head reads the first token).
+    target_positions: tuple[str, ...] = POSITIONS
+    #: It explains its own score, not the run's target (``explained_target(trace)``).
+    explains_own_target: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluatorInfo(PluginInfo):
     """What the core knows of an evaluator (or a ModelEvaluator) besides ``score``."""
 
-    name: str
-    description: str
     #: ``score`` reads ``context.reference`` (the reference method's attribution).
     needs_reference: bool = False
     #: How leaderboards sort and which way the gate looks.
     higher_is_better: bool = True
-    #: False: a costly evaluator, run only when selected by name.
-    in_default_run: bool = True
     #: A corpus-level score (not a mean): the extra columns ``score`` returns as ``kind/part``,
     #: which ``aggregate(values_EP)`` turns into the score of the examples given.
     parts: tuple[str, ...] = ()
@@ -88,14 +91,6 @@ class EvaluatorInfo:
     needs_floor: bool = False
     #: False: its score thresholds the attribution, so float noise of re-batching may move it.
     batch_independent: bool = True
-    parameters: Mapping[str, Any] = field(default_factory=dict)
-    choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    settings: Mapping[str, Any] | None = None
-    version: str = "0"
-    reference: str = ""
-    parameter_docs: Mapping[str, str] = field(default_factory=dict)
-    #: What it measures ("faithfulness", "plausibility", "sanity", "agreement"...).
-    family: str = ""
 
 
 def _named(obj: Any) -> list[str]:

@@ -27,6 +27,7 @@ from attrib_bench.core.interfaces import Attributor, Evaluator, ModelEvaluator, 
 from attrib_bench.core.plugin_info import (
     AttributorInfo,
     EvaluatorInfo,
+    PluginInfo,
     attributor_problems,
     evaluator_problems,
 )
@@ -79,7 +80,7 @@ class Registered:
 
     obj: Any
     source: str
-    info: AttributorInfo | EvaluatorInfo | None = None
+    info: PluginInfo | None = None
 
     @property
     def shipped(self) -> bool:

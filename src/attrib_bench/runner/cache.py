@@ -42,8 +42,7 @@ from attrib_bench.core import console
 from attrib_bench.core.cache_dir import cache_root
 from attrib_bench.core.interfaces import KINDS, Attribution, Batch
 from attrib_bench.core.plugin_info import (
-    AttributorInfo,
-    EvaluatorInfo,
+    PluginInfo,
     attributor_info,
     evaluator_info,
 )
@@ -149,7 +148,7 @@ def package_version(distribution: str) -> str | None:
 
 
 def code_identity(
-    obj: Any, spec: str, source: str, info: AttributorInfo | EvaluatorInfo | None = None
+    obj: Any, spec: str, source: str, info: PluginInfo | None = None
 ) -> dict[str, Any]:
     """What decides a plugin object's output besides its inputs: see the module docstring.
     ``info``: the object's record (an evaluator's; by default read as an attributor's)."""
