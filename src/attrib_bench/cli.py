@@ -23,7 +23,7 @@ from attrib_bench.core.console import stderr
 from attrib_bench.core.errors import ExitCode, UsageError
 
 if TYPE_CHECKING:
-    pass
+    from attrib_bench.results.typed import Result
 
 
 def _csv(value: str) -> list[str]:
@@ -424,7 +424,6 @@ def _run(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.api import run, run_settings
     from attrib_bench.reports.leaderboard import (
         hits_line,
-        leaderboard,
         left_out_line,
         models_table,
     )
@@ -435,7 +434,7 @@ def _run(args: argparse.Namespace, out: Console) -> int:
     if result is None:  # not rank 0 of a launched run: rank 0 prints and writes
         return ExitCode.OK
     document = result.to_document()
-    _print_leaderboards(document, out, leaderboard)
+    _print_leaderboards(result, out)
     ranking = models_table(document)
     if ranking is not None:
         out.print(ranking)
@@ -448,11 +447,13 @@ def _run(args: argparse.Namespace, out: Console) -> int:
     return ExitCode.OK if exit_status(document) else ExitCode.PARTIAL
 
 
-def _print_leaderboards(document: dict, out: Console, leaderboard) -> None:
+def _print_leaderboards(result: Result, out: Console) -> None:
     """Each evaluator's leaderboard, or the one line saying why it failed."""
-    for name, evaluator in document["evaluators"].items():
+    from attrib_bench.reports.leaderboard import leaderboard
+
+    for name, evaluator in result.evaluators.items():
         if evaluator["status"] == "ok":
-            out.print(leaderboard(document, name))
+            out.print(leaderboard(result, name))  # a Result as is: checked when it was built
         else:
             out.print(f"[red]evaluator {name} failed:[/] {escape(str(evaluator['error']))}")
 
@@ -539,7 +540,6 @@ def _attribute(args: argparse.Namespace, out: Console) -> int:
 
 def _evaluate(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.api import evaluate, run_settings
-    from attrib_bench.reports.leaderboard import leaderboard
     from attrib_bench.results import exit_status
 
     result = evaluate(
@@ -552,7 +552,7 @@ def _evaluate(args: argparse.Namespace, out: Console) -> int:
         **run_settings(vars(args)),
     )
     document = result.to_document()
-    _print_leaderboards(document, out, leaderboard)
+    _print_leaderboards(result, out)
     if args.output:
         stderr.print(f"results written to {args.output}")
     failed = document["provenance"]["attributions"].get("failed")  # when the file was written
