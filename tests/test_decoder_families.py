@@ -198,9 +198,14 @@ def test_grouping_is_a_property_of_each_model(tmp_path):
     assert grouped.adapter.offered.heads == "grouped-query"
     assert plain.adapter.offered.heads == "multi-head"
 
-    class OneValueHeadPerHead:
+    class OneValueHeadPerHead:  # a whole attributor: unmet_needs reads its checked record
         name = "per-head"
+        description = "Needs one key/value head per query head"
+        requires = frozenset()
         needs = {"heads": "multi-head"}
+
+        def attribute(self, trace):
+            raise NotImplementedError
 
     assert plain.unmet_needs(OneValueHeadPerHead()) is None
     assert grouped.unmet_needs(OneValueHeadPerHead()) == (
