@@ -195,8 +195,9 @@ def position_problem(attributor: Any, position: str) -> str | None:
 
 def scored_classes(attributor: Any, trace: Trace) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The classes (and contrastive foils) whose score ``attributor`` explains on ``trace``:
-    its own ``explained_target`` where it has one, else the run's target. Read from the trace,
-    so cached attributions are scored on the class they were computed for."""
-    if attributor_info(attributor).explains_own_target:
+    its own ``explained_target`` where it has one, else (also for no attributor: a context
+    built without one) the run's target. Read from the trace, so cached attributions are scored
+    on the class they were computed for."""
+    if attributor is not None and attributor_info(attributor).explains_own_target:
         return attributor.explained_target(trace)
     return trace.target_classes_B, trace.target_foils_B
