@@ -340,6 +340,20 @@ def test_the_kit_checks_every_attributor_under_each_kind_of_target():
     )
 
 
+def test_the_targets_checked_can_be_narrowed():
+    """A suite that checks the other targets on other families narrows them: the method broken
+    under position=last alone passes under the default target alone, and is caught when
+    position=last is asked for."""
+    from attrib_bench.core.target import DEFAULT_TARGET, Target
+
+    report = check_attributor(PaddedLastRow(), families=BERT, targets=(DEFAULT_TARGET,))
+    assert report.targets == ("position=auto,score=predicted",)
+    with pytest.raises(ConformanceError, match="under --target position=last"):
+        check_attributor(
+            PaddedLastRow(), families=BERT, targets=(DEFAULT_TARGET, Target(position="last"))
+        )
+
+
 def test_a_problem_under_the_default_target_is_reported_once():
     with pytest.raises(ConformanceError) as caught:
         check_attributor(PaddingNotZero(), families=BERT)

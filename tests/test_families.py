@@ -22,6 +22,7 @@ from test_position_ids import model_position_ids
 
 from attrib_bench.core.loaded_model import LoadedModel
 from attrib_bench.core.registry import load_registry
+from attrib_bench.core.target import DEFAULT_TARGET
 from attrib_bench.core.trace import Trace
 from attrib_bench.model.load import load_model
 from attrib_bench.testing import check_attributor, check_evaluator, conformance
@@ -210,7 +211,11 @@ def test_every_builtin_attributor_conforms(kit_family):
     registry = load_registry()
     for name in builtin_names("attributors"):
         spec = FEWER_SAMPLES.get(name, name)
-        report = check_attributor(registry.attributor(spec), families=(kit_family,))
+        # The other targets are checked on BERT and RoBERTa: what they change (which row, which
+        # score) is the same code for every encoder family, which this check is about.
+        report = check_attributor(
+            registry.attributor(spec), families=(kit_family,), targets=(DEFAULT_TARGET,)
+        )
         assert not report.skipped, (name, report.skipped)
         assert report.shapes[kit_family]["aggregated"][1] in (1, 2), name
 

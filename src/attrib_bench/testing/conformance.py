@@ -219,6 +219,7 @@ def check_attributor(
     families: Sequence[str] = FAMILIES,
     seed: int = 0,
     fields: Mapping[str, TraceField] | None = None,
+    targets: Sequence[Target] = TARGETS,
 ) -> AttributorReport:
     """Run ``obj`` on each family's tiny random model; raise a ConformanceError naming every
     problem and its fix, or return the shapes seen.
@@ -233,16 +234,17 @@ def check_attributor(
     ``position=last``, ``score=contrastive``): the other two are checked once the default
     passes, and their problems are named by the target. A family whose architecture does not
     offer what ``needs`` declares is skipped, as the runner skips it (``report.skipped``); a
-    problem when no family offers it.
+    problem when no family offers it. ``targets`` narrows ``TARGETS`` (the first is checked
+    first), for a suite that checks the others on other families already.
     """
     known, problems = _trace_fields(fields)
     _raise(obj, [("", message) for message in problems + _attributor_interface(obj, known)])
     runnable, problems, skipped = _runnable(obj, families)
     shapes = _per_family(
-        runnable, problems, lambda model: _attributor_problems(obj, model, seed, known)
+        runnable, problems, lambda model: _attributor_problems(obj, model, seed, known, targets)
     )
     _raise(obj, problems)
-    return AttributorReport(obj.name, shapes, skipped)
+    return AttributorReport(obj.name, shapes, skipped, tuple(str(t) for t in targets))
 
 
 def check_evaluator(
@@ -533,10 +535,14 @@ def _trace(
 
 
 def _attributor_problems(
-    obj: Any, loaded: LoadedModel, seed: int, fields: Mapping[str, TraceField]
+    obj: Any,
+    loaded: LoadedModel,
+    seed: int,
+    fields: Mapping[str, TraceField],
+    targets: Sequence[Target] = TARGETS,
 ) -> tuple[dict[str, tuple[int, ...]], list[str]]:
-    """The shapes of ``obj``'s rows for a padded batch under the default target, and its
-    problems on ``loaded`` under each of ``TARGETS``.
+    """The shapes of ``obj``'s rows for a padded batch under the first of ``targets`` it can
+    explain, and its problems on ``loaded`` under each of them.
 
     The other targets are checked only when the default passes: its problems come first, and
     fixing them usually fixes the rest, so a broken method gets each problem once.
@@ -544,10 +550,10 @@ def _attributor_problems(
     family_position = default_target_position(loaded)
     explained = [
         target
-        for target in TARGETS
+        for target in targets
         if position_problem(obj, target.resolved(family_position).position) is None
     ]
-    default, *others = explained or [DEFAULT_TARGET]
+    default, *others = explained or [targets[0]]
     shapes, problems = _target_problems(obj, loaded, seed, fields, default)
     if problems:
         return shapes, problems
