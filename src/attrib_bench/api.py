@@ -386,8 +386,7 @@ def finetune(
         raise UsageError("give seed (one model) or seeds (one per seed), not both")
     if "reinit_steps" in settings and not settings.get("reinit_top"):
         raise UsageError("reinit_steps needs reinit_top K (K > 0)")
-    settings.setdefault("model", None)
-    settings["model"] = settings["model"] or default_model_source()
+    settings["model"] = settings.get("model") or default_model_source()
     config = _config(FinetuneConfig, "finetune", settings)
     architectures = load_registry(plugins).architecture_specs()
     target = None if output is None else Path(output)
