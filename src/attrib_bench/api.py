@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from attrib_bench.results.compare import Comparison
     from attrib_bench.results.typed import Result
     from attrib_bench.runner.config import RunPlan
+    from attrib_bench.runner.meta import MetaResult
 
 #: A result given as a ``Result``, its document or the path of its JSON file.
 Results = Union["Result", Mapping[str, Any], Path, str]
@@ -226,6 +227,36 @@ def report(
         Path(markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(markdown).write_text(text)
     return text
+
+
+def meta(
+    *,
+    base: str | None = None,
+    evaluators: Sequence[str] | None = None,
+    only: str | None = None,
+    output: Path | str | None = None,
+    quiet: bool = True,
+    **settings: Any,
+) -> MetaResult:
+    """Meta-evaluate the evaluators (``attrib-bench meta``): how far each orders a base method's
+    degradations (0 to 100% of the scores replaced by noise, then the ranking reversed) as
+    known in advance, on a synthetic bag-of-tokens model whose exact attribution is the base,
+    and on the run's model (``base``: default the reference method). ``evaluators``: default
+    every faithfulness evaluator; ``only``: ``"synthetic"`` or ``"model"``. ``settings`` are
+    RunConfig keys (``model``, ``dataset``, ``limit``, ``seed``, ...); the JSON is written to
+    ``output`` when given (attrib_bench.runner.meta)."""
+    from attrib_bench.results import check_writable, write_json
+    from attrib_bench.runner.meta import meta as meta_evaluation
+    from attrib_bench.runner.state import RunConfig
+
+    if output is not None:
+        check_writable(Path(output))
+    config = _config(RunConfig, "meta", settings)
+    result = meta_evaluation(config, base, evaluators, only, quiet)
+    if output is not None:
+        write_json(result.to_document(), Path(output))
+        result.source = str(output)
+    return result
 
 
 def _config(kind: Any, command: str, settings: Mapping[str, Any]) -> Any:

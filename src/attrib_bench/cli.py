@@ -210,6 +210,41 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--examples", type=int, default=6, help="examples with heatmaps (6)")
 
+    meta = commands.add_parser(
+        "meta",
+        help="meta-evaluate the evaluators: can each order known degradations of a method?",
+        description="Score a base method's degradations (0, 25, 50, 75, 100%% of its scores "
+        "replaced by seeded noise, then its ranking reversed; known order: best first) with "
+        "each evaluator, on a synthetic bag-of-tokens model whose exact attribution is the "
+        "base and on the model given; report each evaluator's Kendall tau with the known "
+        "order (per example and corpus, bootstrap CIs), its cost, and flag those whose "
+        "corpus tau CI does not lie above 0.",
+    )
+    meta.add_argument("--model", help="the model (default: embedded MiniLM)")
+    _add_data_options(meta)
+    meta.add_argument("--max-length", type=int, help="truncate inputs to N tokens")
+    meta.add_argument(
+        "--evaluators",
+        type=_csv,
+        help="comma-separated evaluator specs (default: every faithfulness evaluator)",
+    )
+    meta.add_argument(
+        "--meta-base",
+        help="the method degraded on the model given (default: the reference, saliency)",
+    )
+    meta.add_argument(
+        "--only",
+        choices=("synthetic", "model"),
+        help="only the synthetic model, or only the model given (default: both)",
+    )
+    meta.add_argument("--batch-size", type=int, help="examples per batch (default: 16)")
+    meta.add_argument("--device", help="auto (default), cpu, cuda, cuda:1 ...")
+    meta.add_argument("--seed", type=int, help="seed of the noise, the weights, CIs (default: 0)")
+    meta.add_argument("--target", help="attribution target on the model given, as for run")
+    meta.add_argument("--plugin", action="append", metavar="PATH.py")
+    meta.add_argument("--output", type=Path, help="write the meta JSON here")
+    meta.add_argument("--quiet", action="store_true", help="no progress bars")
+
     cache = commands.add_parser("cache", help="manage the result cache")
     cache_commands = cache.add_subparsers(dest="cache_command", required=True)
     clear = cache_commands.add_parser("clear", help="delete cached per-example results")
@@ -521,6 +556,27 @@ def _cache(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.api import clear_cache
 
     cleared = clear_cache(include_models=args.all)
+def _meta(args: argparse.Namespace, out: Console) -> int:
+    from attrib_bench.api import meta, run_settings
+    from attrib_bench.reports.meta import meta_tables
+
+    settings = run_settings(vars(args))
+    settings.pop("evaluators", None)
+    result = meta(
+        base=args.meta_base,
+        evaluators=args.evaluators,
+        only=args.only,
+        output=args.output,
+        quiet=args.quiet,
+        **settings,
+    )
+    for table in meta_tables(result.to_document()):
+        out.print(table)
+    if result.source is not None:
+        stderr.print(f"meta result written to {result.source}")
+    return ExitCode.OK
+
+
     what = "results and fine-tuned models" if args.all else "results"
     out.print(
         f"removed {cleared.entries} cached example results ({cleared.size_bytes / 2**20:.1f} MB, "
@@ -707,6 +763,7 @@ COMMANDS = {
 
 
 def _quiet_libraries() -> None:
+    "meta": _meta,
     """Silence transformers' and datasets' logs and bars; imported only by commands using them."""
     import datasets
     import transformers
@@ -737,7 +794,7 @@ def _plain_bars_off(quiet: bool) -> Iterator[None]:
 
 #: Commands that load models or data (the others read JSON or the plugin registry only).
 HEAVY_COMMANDS = frozenset(
-    {"run", "attribute", "evaluate", "finetune", "identifiability", "similarity"}
+    {"run", "attribute", "evaluate", "finetune", "identifiability", "similarity", "meta"}
 )
 
 

@@ -23,6 +23,9 @@ REMOVALS = ("auto", "mask", "pad", "zero", "delete", "retokenize")
 CACHE_KEY = "faithfulness.erased_log_probabilities"
 #: Erasures announced for the batch and not run yet (``plan_erasures``).
 PENDING_KEY = "faithfulness.erasures_planned"
+#: How many erased inputs ``erased_log_probs`` ran on the batch (a count for the
+#: meta-evaluation's cost: attrib_bench.runner.meta).
+RUN_COUNT_KEY = "faithfulness.erased_inputs_run"
 
 
 def candidates(trace: Trace) -> np.ndarray:
@@ -295,6 +298,7 @@ def erased_log_probs(
                 )
                 for key, values in zip(chunk, log_probs.cpu().numpy(), strict=True):
                     cache[key] = values
+                trace.shared[RUN_COUNT_KEY] = trace.shared.get(RUN_COUNT_KEY, 0) + len(chunk)
     return cache
 
 
