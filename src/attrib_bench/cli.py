@@ -552,10 +552,6 @@ def _report(args: argparse.Namespace, out: Console) -> int:
     return ExitCode.OK
 
 
-def _cache(args: argparse.Namespace, out: Console) -> int:
-    from attrib_bench.api import clear_cache
-
-    cleared = clear_cache(include_models=args.all)
 def _meta(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.api import meta, run_settings
     from attrib_bench.reports.meta import meta_tables
@@ -577,6 +573,10 @@ def _meta(args: argparse.Namespace, out: Console) -> int:
     return ExitCode.OK
 
 
+def _cache(args: argparse.Namespace, out: Console) -> int:
+    from attrib_bench.api import clear_cache
+
+    cleared = clear_cache(include_models=args.all)
     what = "results and fine-tuned models" if args.all else "results"
     out.print(
         f"removed {cleared.entries} cached example results ({cleared.size_bytes / 2**20:.1f} MB, "
@@ -759,11 +759,11 @@ COMMANDS = {
     "merge": _merge,
     "report": _report,
     "cache": _cache,
+    "meta": _meta,
 }
 
 
 def _quiet_libraries() -> None:
-    "meta": _meta,
     """Silence transformers' and datasets' logs and bars; imported only by commands using them."""
     import datasets
     import transformers
