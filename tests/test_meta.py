@@ -204,3 +204,33 @@ def test_bad_input_is_one_line_and_exit_2(run_cli, flags, said):
     assert code == 2
     assert said in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_run_meta_adds_the_section_and_the_leaderboard_marks_flagged_evaluators(tiny_bert):
+    from attrib_bench.api import run
+    from attrib_bench.reports.leaderboard import heading
+
+    result = run(
+        model=str(tiny_bert),
+        limit=4,
+        attributors=["attention"],
+        evaluators=["comprehensiveness"],
+        meta=True,
+    )
+    section = result.extra["meta"]
+    meta.validate_meta(section, "test")
+    synthetic, own = section["runs"]
+    assert synthetic["synthetic"] and not own["synthetic"]
+    assert own["base"] == "saliency" and list(own["evaluators"]) == ["comprehensiveness"]
+    for flagged, marked in ((False, False), (True, True)):
+        own["evaluators"]["comprehensiveness"]["flagged"] = flagged
+        assert ("UNRELIABLE" in heading(result, "comprehensiveness")) is marked
+    own["evaluators"]["comprehensiveness"]["flagged"] = False
+    synthetic["evaluators"]["comprehensiveness"]["flagged"] = True  # not the run's model
+    assert "UNRELIABLE" not in heading(result, "comprehensiveness")
+
+
+def test_run_meta_with_no_evaluator_to_meta_evaluate_is_one_line(run_cli, tiny_bert):
+    code, _, err = run_cli("run", "--model", tiny_bert, "--limit", "2", "--meta", "--quiet")
+    assert code == 2
+    assert "none of the evaluators (spearman)" in err and "Traceback" not in err

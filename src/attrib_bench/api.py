@@ -30,6 +30,7 @@ def run(
     *,
     output: Path | str | None = None,
     quiet: bool = True,
+    meta: bool | str = False,
     **settings: Any,
 ) -> Result | None:
     """Run a benchmark and return its result.
@@ -39,35 +40,46 @@ def run(
     ``reference``, ``seed``, ``target``, ``batch_size``, ``device``, ``plugins=[...]``,
     ``shard="i/N"``, ``cache=False``). The result is written to ``output`` (or the file's
     ``output``) when one is given. Under torchrun or accelerate launch only rank 0 gets it;
-    the other processes get None.
+    the other processes get None. ``meta``: add the meta-evaluation of the run's evaluators
+    (:func:`meta`) as the result's ``meta`` section, with the reference method (True) or the
+    method named as its base.
     """
     from attrib_bench.runner.config import make_plan
 
     if output is not None:
         settings["output"] = Path(output)
-    return run_plan(make_plan(config, settings), quiet=quiet)
+    return run_plan(make_plan(config, settings), quiet=quiet, meta=meta)
 
 
-def run_plan(plan: RunPlan, quiet: bool = True) -> Result | None:
+def run_plan(plan: RunPlan, quiet: bool = True, meta: bool | str = False) -> Result | None:
     """Run a resolved plan (a config merged with overrides): fine-tune if it says so, run,
     and write the result where the plan says. Under torchrun or accelerate launch each process
     runs its shard and rank 0 alone gets (and writes) the merged result; the others get None
     (attrib_bench.runner.distributed)."""
     from attrib_bench.results import Result, check_writable, write_json
     from attrib_bench.runner.config import build_model
-    from attrib_bench.runner.distributed import launched, run_sharded
+    from attrib_bench.runner.distributed import launched, refuse, run_sharded
     from attrib_bench.runner.models import run_config
 
     if plan.output is not None:
         check_writable(plan.output)
     if launched():
+        if meta:
+            refuse("run --meta runs in one process, not under torchrun or accelerate launch")
         document = run_sharded(plan, quiet)
         if document is None:
             return None
     else:
         plan = build_model(plan, quiet=quiet)
+        section = None
+        if meta:  # first: its settings are checked before the run's work
+            from attrib_bench.runner.meta import run_section
+
+            section = run_section(plan.config, None if meta is True else meta, quiet)
         document = run_config(plan.config, quiet=quiet, cache=plan.cache)
         document.update(plan.extra)
+        if section is not None:
+            document["meta"] = section
     result = Result.from_document(document)
     if plan.output is not None:
         write_json(document, plan.output)

@@ -153,6 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_shard_option(run, "join the shards with attrib-bench merge")
     run.add_argument(
+        "--meta",
+        action="store_true",
+        help="also meta-evaluate the run's evaluators (as attrib-bench meta) into the result; "
+        "the leaderboard marks those that cannot order known degradations of the reference",
+    )
+    run.add_argument("--meta-base", help="with --meta: degrade this method, not the reference")
+    run.add_argument(
         "--no-floor",
         dest="floor",
         action="store_false",
@@ -465,11 +472,17 @@ def _run(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.results import exit_status
 
     settings = run_settings(vars(args))
-    result = run(args.config, output=args.output, quiet=args.quiet, **settings)
+    meta = args.meta_base or args.meta
+    result = run(args.config, output=args.output, quiet=args.quiet, meta=meta, **settings)
     if result is None:  # not rank 0 of a launched run: rank 0 prints and writes
         return ExitCode.OK
     document = result.to_document()
     _print_leaderboards(result, out)
+    if "meta" in document:
+        from attrib_bench.reports.meta import meta_tables
+
+        for table in meta_tables(document["meta"]):
+            out.print(table)
     ranking = models_table(document)
     if ranking is not None:
         out.print(ranking)

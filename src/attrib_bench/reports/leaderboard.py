@@ -34,14 +34,29 @@ def _sign(result: Result, evaluator: str) -> float:
 
 
 def heading(document: Results, evaluator: str, kind: str | None = None) -> str:
-    """``spearman vs saliency (aggregated rows)``, with the direction when lower is better."""
+    """``spearman vs saliency (aggregated rows)``, with the direction when lower is better,
+    and a warning when the run's meta-evaluation flagged the evaluator on its model."""
     result = as_result(document)
     info = result.evaluator_info.get(evaluator, {})
     versus = f" vs {result.reference}" if info.get("needs_reference", True) else ""
     notes = [f"{kind} rows"] if kind else []
     if _sign(result, evaluator) < 0:
         notes.append("lower is better")
+    if evaluator in meta_flagged(result):
+        notes.append("UNRELIABLE here: could not order known degradations (meta)")
     return f"{evaluator}{versus}" + (f" ({', '.join(notes)})" if notes else "")
+
+
+def meta_flagged(result: Result) -> set[str]:
+    """The evaluators ``run --meta`` flagged on the run's own model (not the synthetic one)."""
+    section = result.extra.get("meta") or {}
+    return {
+        name
+        for run in section.get("runs", [])
+        if not run.get("synthetic")
+        for name, row in run["evaluators"].items()
+        if row.get("flagged")
+    }
 
 
 def layer_scores(method: MethodResult, evaluator: str, kind: str) -> list[LayerScore] | None:

@@ -193,6 +193,8 @@ class MetaRun:
 
     model: str
     model_id: str
+    #: The synthetic bag-of-tokens model (``model.synthetic``), not the run's own.
+    synthetic: bool
     base: str
     explainers: list[str]
     examples: int
@@ -328,6 +330,7 @@ def meta_run(
     evaluators: Mapping[str, Any],
     seed: int,
     quiet: bool = True,
+    synthetic: bool = False,
 ) -> MetaRun:
     """Score every degraded explainer of ``base_spec`` with every evaluator on ``prepared``'s
     batches; a failing evaluator is reported, the others go on."""
@@ -367,6 +370,7 @@ def meta_run(
     return MetaRun(
         model=prepared.loaded.name or prepared.loaded.model_id,
         model_id=prepared.loaded.model_id,
+        synthetic=synthetic,
         base=base_spec,
         explainers=[m.spec for m in methods],
         examples=len(ids),
@@ -541,12 +545,36 @@ def meta(
     runs = []
     if only != "model":
         synthetic = synthetic_prepared(registry, data, max_length, config)
-        runs.append(meta_run(synthetic, "exact", ExactAttributor(), chosen, config.seed, quiet))
+        exact = ExactAttributor()
+        runs.append(meta_run(synthetic, "exact", exact, chosen, config.seed, quiet, True))
     if prepared is not None:
         runs.append(meta_run(prepared, base_spec, base_method, chosen, config.seed, quiet))
     for run in runs:
         warn_flagged(run)
     return MetaResult(runs, config.seed, data.name)
+
+
+def run_section(config: RunConfig, base: str | None, quiet: bool = True) -> dict[str, Any]:
+    """``run --meta``: the meta-evaluation of the run's evaluators that score one attribution
+    without a reference, as the result's ``meta`` section; a UsageError when none does."""
+    from attrib_bench.core.registry import load_registry
+
+    registry = load_registry(config.plugins)
+    specs = config.evaluators or registry.defaults("evaluators")
+    scoring = [
+        spec
+        for spec in specs
+        if not compares_models(evaluator := registry.evaluator(spec))
+        and not evaluator_info(evaluator).needs_reference
+    ]
+    if not scoring:
+        raise UsageError(
+            f"run --meta: none of the evaluators ({', '.join(specs)}) scores one attribution "
+            "without a reference; add one, e.g. --evaluators comprehensiveness,sufficiency"
+        )
+    document = meta(config, base, scoring, quiet=quiet).to_document()
+    validate_meta(document, "run --meta")
+    return document
 
 
 def warn_flagged(run: MetaRun) -> None:
