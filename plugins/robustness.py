@@ -230,10 +230,14 @@ class _Robustness(Configurable, ABC):
                 "itself, not attributions computed elsewhere"
             )
         synonyms = self.synonyms(context.trace)
+        drawn = (
+            f"swap/{self.params['synonyms']}/{self.params['share']}"
+            if self.perturbation == "swap"
+            else f"embedding/{self.params['radius']}"
+        )
         key = (
-            f"robustness/{_method_key(context.attributor)}/{self.perturbation}/"
-            f"{self.params['samples']}/{self.params['radius']}/{self.params['seed']}/"
-            f"{self.params.get('synonyms')}/{self.params.get('share')}"
+            f"robustness/{_method_key(context.attributor)}/{drawn}/{self.params['samples']}/"
+            f"{self.params['seed']}"
         )
         return context.trace.memo(key, lambda: self._perturb_all(context, synonyms))
 

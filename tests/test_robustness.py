@@ -275,3 +275,29 @@ def test_a_run_scores_them_and_swaps_without_synonyms_fail_alone(tiny_bert):
         assert not math.isnan(row.score("spearman").mean)
     info = result.evaluator_info["sensitivity-avg:samples=2"]
     assert info["higher_is_better"] is False
+
+
+class Counting:
+    """Saliency that counts its calls."""
+
+    name = "counting"
+    requires = Saliency.requires
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def attribute(self, trace):
+        self.calls += 1
+        return Saliency().attribute(trace)
+
+
+def test_evaluators_drawing_the_same_noise_share_the_re_attributions(loaded):
+    counting = Counting()
+    trace = traced(loaded, counting)
+    context = EvalContext(trace, None, trace.seed, counting)
+    attribution = counting.attribute(trace)
+    for evaluator in (SensitivityMax(), SensitivityAvg(), LocalLipschitz()):
+        evaluator.configure({"samples": "2"}).score(attribution, context)
+    assert counting.calls == 1 + 5 * (2 + 1)  # the batch's own, then per example x and 2 draws
+    SensitivityMax().configure({"samples": "2", "radius": "0.1"}).score(attribution, context)
+    assert counting.calls == 1 + 2 * 5 * 3
