@@ -54,6 +54,22 @@ Conventions, stated because results depend on them:
 - ``removal=retokenize``: ferret's deletion, the kept tokens decoded and tokenised again
   (``attrib_bench.toolkit.erasure.retokenized``).
 
+Normalized AOPC (Edin et al., ACL 2025; official code ``JoakimEdin/naopc``), ``normalise=naopc``
+on comprehensiveness and sufficiency: an AOPC depends on the model and the example as much as on
+the method, so each example's AOPC A is rescaled between the lowest and highest AOPC that any
+ordering of its tokens reaches, (A - lowest) / (highest - lowest), 0 where the two are equal.
+As in the official code this is done for sufficiency too, so its best ordering scores 0 (it
+stays lower-is-better) and comprehensiveness's best scores 1. The bounds are over the
+evaluator's own steps (``ratios``; ``ratios=all`` is the paper's every k from 1 to n), found
+exactly for inputs of at most ``exact_cap`` candidate tokens (``search=auto``) and by the
+official beam search above (``attrib_bench.toolkit.naopc``), whose bounds lie inside the exact
+ones, so a score there may leave [0, 1]; a warning says when beam search takes over. The official
+code starts its upper bound at 0; here it is the true maximum. Cost per example: 2^n - 1 erased
+inputs at most for the exact search, about ``beam_size`` * n * (n + 1) for the beam, shared by
+every method of the batch (the bounds do not depend on the method) and pooled with the other
+erasures. The settings whose steps do not erase sets of fixed sizes (``protocol=ferret``,
+``rationale=positive``, ``repeats=skip``, ``empty=skip``) and ``classes=all`` refuse it.
+
 ferret 0.4.2's protocol (``AOPC_Comprehensiveness_Evaluation``, ``AOPC_Sufficiency_Evaluation``
 and ``AOPC_Comprehensiveness_Evaluation_by_class`` in ferret's evaluators/, default arguments)
 is ``protocol=ferret`` on comprehensiveness and sufficiency: see ``AOPC``. The default,
@@ -64,13 +80,16 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, EvalContext, UsageError
+from attrib_bench.core import console
 from attrib_bench.core.interfaces import scored_classes
 from attrib_bench.model.trace import trace_batch
 from attrib_bench.toolkit.erasure import (
@@ -82,7 +101,11 @@ from attrib_bench.toolkit.erasure import (
     resolve_removal,
     round_trip_restores,
 )
-from attrib_bench.toolkit.ranking import ROUNDINGS, rationale_mask, scored_row
+from attrib_bench.toolkit.naopc import Beam, counted_sets, exact_bounds, normalised, step_weights
+from attrib_bench.toolkit.ranking import ROUNDINGS, rationale_mask, scored_row, top_k_mask
+
+if TYPE_CHECKING:
+    from attrib_bench.core.trace import Trace
 
 AOPC_RATIOS = "0.1/0.2/0.3/0.4/0.5/0.6/0.7/0.8/0.9"
 CURVE_RATIOS = "0/0.1/0.2/0.3/0.4/0.5/0.6/0.7/0.8/0.9/1"
@@ -97,6 +120,82 @@ def parse_ratios(text: str) -> tuple[float, ...]:
     if not ratios or any(not 0.0 <= r <= 1.0 for r in ratios):
         raise UsageError(f"ratios must lie in [0, 1], got {text!r}")
     return ratios
+
+
+#: ``ratios=all`` on the AOPC evaluators: every k from 1 to n (Edin et al.'s AOPC).
+ALL_STEPS = "all"
+#: ``normalise=``: the AOPC itself, or rescaled between its bounds over orderings (NAOPC).
+NORMALISATIONS = ("none", "naopc")
+#: ``search=``: how NAOPC finds the bounds.
+SEARCHES = ("auto", "exact", "beam")
+#: The most candidate tokens the exact search takes: 2^16 model calls per example.
+MAX_EXACT_CAP = 16
+#: Where NAOPC's bounds are kept within one batch's trace (they do not depend on the method).
+BOUNDS_KEY = "faithfulness.naopc_bounds"
+
+
+@dataclass(frozen=True, eq=False)
+class Bounds:
+    """One example's search for NAOPC's bounds (``attrib_bench.toolkit.naopc``): its candidate
+    tokens' positions, the weight of each erased-set size, the class (and foil) whose f it
+    reads, and exact or beam search. Token sets are bit masks over the candidates."""
+
+    trace: Trace
+    row: int
+    removal: str
+    positions: np.ndarray
+    weights: np.ndarray
+    target: tuple[torch.Tensor, torch.Tensor | None]
+    exact: bool
+
+    @property
+    def n(self) -> int:
+        return len(self.positions)
+
+    def key(self) -> tuple:
+        """What the bounds depend on, within one batch."""
+        classes, foils = self.target
+        foil = None if foils is None else foils.cpu().numpy().tobytes()
+        target = (classes.cpu().numpy().tobytes(), foil)
+        return self.removal, self.row, self.weights.tobytes(), self.exact, target
+
+    def counted(self) -> list[int]:
+        """The sets the exact search reads."""
+        return counted_sets(self.n, self.weights)
+
+    def keys(self, masks: Sequence[int]) -> list[tuple[str, int, bytes]]:
+        """The erasure cache's key of each set (as ``Erasure.erasure_keys`` makes them, so a
+        method erasing the same tokens shares the model call)."""
+        length = self.trace.batch.input_ids_BN.shape[1]
+        keys = []
+        for mask in masks:
+            erase_N = np.zeros(length, dtype=bool)
+            erase_N[[p for i, p in enumerate(self.positions) if mask >> i & 1]] = True
+            keys.append((self.removal, self.row, erase_N.tobytes()))
+        return keys
+
+    @staticmethod
+    def drops_of(
+        problems: Sequence[Bounds], masks: Sequence[Sequence[int]], chunk_tokens: int
+    ) -> list[dict[int, float]]:
+        """drop(E) = f(x) - f(x without E) of each problem's sets, from one pooled run of the
+        batch's erasures."""
+        if not problems:
+            return []
+        from attrib_bench.core.loaded_model import target_logits  # transformers: not at `list`
+
+        trace = problems[0].trace
+        keys = [problem.keys(sets) for problem, sets in zip(problems, masks, strict=True)]
+        flat = [key for some in keys for key in some]
+        cache = erased_log_probs(trace, flat, chunk_tokens, target_logits)
+        original_BC = torch.log_softmax(trace.logits_BC.double(), dim=-1).cpu().numpy()
+        out = []
+        for problem, sets, some in zip(problems, masks, keys, strict=True):
+            row = problem.row
+            before = explained(trace, original_BC[None, row : row + 1], problem.target)[0, 0]
+            after_V = explained(trace, np.stack([cache[k] for k in some])[:, None], problem.target)
+            out.append(dict(zip(sets, (before - after_V[:, 0]).tolist(), strict=True)))
+        return out
 
 
 class Erasure(Configurable, ABC):
@@ -262,7 +361,8 @@ class AOPC(Erasure):
     (k = int(ratio * n)), ``repeats=skip`` (a step whose rationale equals the last evaluated
     one is not evaluated again, nor counted), ``empty=skip`` (nor is a step with an empty
     rationale; an example left with no step scores ``no_step``: ferret's 0 and 1), and
-    ``removal=retokenize`` (the kept tokens decoded and tokenised again)."""
+    ``removal=retokenize`` (the kept tokens decoded and tokenised again); and Normalized AOPC
+    (``normalise=naopc``, see the module docstring)."""
 
     parameters = {
         **Erasure.parameters,
@@ -271,6 +371,10 @@ class AOPC(Erasure):
         "rounding": "ceil",
         "repeats": "keep",
         "empty": "score",
+        "normalise": "none",
+        "search": "auto",
+        "exact_cap": 10,
+        "beam_size": 5,
     }
     choices = {
         **Erasure.choices,
@@ -279,6 +383,8 @@ class AOPC(Erasure):
         "rounding": ROUNDINGS,
         "repeats": ("keep", "skip"),
         "empty": ("score", "skip"),
+        "normalise": NORMALISATIONS,
+        "search": SEARCHES,
     }
     parameter_docs = {
         **Erasure.parameter_docs,
@@ -291,9 +397,67 @@ class AOPC(Erasure):
         "neither evaluated nor counted (ferret)",
         "empty": "score: a step erasing nothing counts; skip: it does not, and an example left "
         "with no step scores ferret's constant (ferret)",
+        "ratios": "the shares erased, '/'-separated, each in [0, 1] (k = ceil(ratio * n) of the "
+        "n real non-special tokens), or all: every k from 1 to n (Edin et al.'s AOPC); the "
+        "score is the mean over the steps",
+        "normalise": "none: the AOPC itself; naopc: rescaled per example between the lowest "
+        "(0) and highest (1) AOPC any ordering of its tokens reaches (Edin et al. 2025)",
+        "search": "how naopc finds the bounds: exact (every ordering; inputs of at most "
+        "exact_cap tokens), beam (the official beam search), auto: exact up to exact_cap, "
+        "beam above",
+        "exact_cap": "the most candidate tokens naopc's exact search takes (2^n model calls "
+        "per example); an integer from 1 to 16",
+        "beam_size": "the orders each of naopc's two beams keeps; an integer >= 1 (the paper's "
+        "experiments: 5)",
     }
     #: The score of an example none of whose steps is evaluated (ferret's constant).
     no_step: float
+    #: Whether this run has said that beam search took over (once per evaluator).
+    beam_noted = False
+
+    def validate(self) -> None:
+        if self.params["ratios"] == ALL_STEPS:
+            if self.params["rationale"] != "top-k":
+                raise UsageError(f"{self.name}:ratios=all needs rationale=top-k")
+            self.params = {**self.params, "ratios": "1"}  # the other checks read a number
+            try:
+                super().validate()
+            finally:
+                self.params = {**self.params, "ratios": ALL_STEPS}
+        else:
+            super().validate()
+        if not 1 <= self.params["exact_cap"] <= MAX_EXACT_CAP:
+            raise self.out_of_range("exact_cap", f"an integer from 1 to {MAX_EXACT_CAP}")
+        if self.params["beam_size"] < 1:
+            raise self.out_of_range("beam_size", ">= 1")
+        fixed = ("rationale", "top-k"), ("repeats", "keep"), ("empty", "score")
+        if self.params["normalise"] == "naopc" and any(self.params[k] != v for k, v in fixed):
+            raise UsageError(
+                f"{self.name}:normalise=naopc needs rationale=top-k, repeats=keep and "
+                "empty=score (the steps must erase sets of fixed sizes): drop protocol=ferret "
+                "or those switches"
+            )
+
+    def rationales(self, attribution, context):
+        """As ``Erasure.rationales``; under ``ratios=all`` the steps are k = 1, 2, ... up to the
+        batch's most candidates (an example with fewer repeats its last step, which
+        ``evaluated`` leaves out)."""
+        if self.params["ratios"] != ALL_STEPS:
+            return super().rationales(attribution, context)
+        self.params = {**self.params, "ratios": "1"}  # candidates and scoreable rows
+        try:
+            _, candidates_BN, scoreable_B = super().rationales(attribution, context)
+        finally:
+            self.params = {**self.params, "ratios": ALL_STEPS}
+        scores_BN = scored_row(attribution, self.params["layer"]).detach().double().cpu().numpy()
+        n_B = candidates_BN.sum(axis=1)
+        rationale_RBN = np.stack(
+            [
+                top_k_mask(scores_BN, candidates_BN, np.minimum(k, n_B))
+                for k in range(1, max(1, int(n_B.max())) + 1)
+            ]
+        )
+        return rationale_RBN, candidates_BN, scoreable_B
 
     def configure(self, raw):
         if raw.get("protocol") == "ferret":
@@ -305,6 +469,9 @@ class AOPC(Erasure):
         leave out the empty rationales and those equal to the last step evaluated (ferret)."""
         skip_empty, skip_repeats = self.params["empty"] == "skip", self.params["repeats"] == "skip"
         evaluated_RB = np.ones(rationale_RBN.shape[:2], dtype=bool)
+        if self.params["ratios"] == ALL_STEPS:  # step k exists where the example has k tokens
+            steps_R1 = np.arange(1, len(rationale_RBN) + 1)[:, None]
+            evaluated_RB = rationale_RBN.sum(axis=-1) == steps_R1
         for b in range(rationale_RBN.shape[1]):
             last = None
             for r, chosen_N in enumerate(rationale_RBN[:, b]):
@@ -322,6 +489,102 @@ class AOPC(Erasure):
         sums_B = np.where(evaluated_RB, original_B[None, :] - erased_RB, 0.0).sum(axis=0)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(counts_B > 0, sums_B / counts_B, self.no_step)
+
+    def plan(self, attribution: Attribution, context: EvalContext) -> None:
+        """The erasures of the method's ranking and, under ``normalise=naopc``, the sets the
+        exact search of the bounds reads (the beam search's depend on its steps' results)."""
+        super().plan(attribution, context)
+        if self.params["normalise"] == "naopc":
+            keys = [
+                key
+                for problem in self.bound_problems(attribution, context)
+                if problem.exact
+                for key in problem.keys(problem.counted())
+            ]
+            plan_erasures(context.trace, keys, self.params["chunk_tokens"])
+
+    def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
+        scores = super().score(attribution, context)
+        if self.params["normalise"] != "naopc":
+            return scores
+        low_B, high_B = self.bounds(attribution, context)
+        return {"aggregated": normalised(scores["aggregated"], low_B[None], high_B[None])}
+
+    def bound_problems(self, attribution: Attribution, context: EvalContext) -> list[Bounds]:
+        """One bound search per scoreable example: its candidates, the sizes its steps erase
+        (the same for every ordering), and exact or beam search."""
+        trace = context.trace
+        removal = resolve_removal(self.params["removal"], trace.loaded.tokenizer)
+        rationale_RBN, candidates_BN, scoreable_B = self.rationales(attribution, context)
+        evaluated_RB = self.evaluated(rationale_RBN)
+        erase_RBN = rationale_RBN if self.mode == "remove" else candidates_BN & ~rationale_RBN
+        classes, foils = scored_classes(context.attributor, trace)
+        search, cap = self.params["search"], self.params["exact_cap"]
+        problems = []
+        for b in np.flatnonzero(scoreable_B):
+            positions = np.flatnonzero(candidates_BN[b])
+            if search == "exact" and len(positions) > cap:
+                raise UsageError(
+                    f"{self.name}:normalise=naopc search=exact: example "
+                    f"{trace.batch.examples[b].id} has {len(positions)} candidate tokens, "
+                    f"more than exact_cap={cap} (2^n model calls); raise exact_cap (at most "
+                    f"{MAX_EXACT_CAP}) or use search=auto (beam search above the cap)"
+                )
+            sizes = erase_RBN[evaluated_RB[:, b], b].sum(axis=-1)
+            target = (classes[b : b + 1], None if foils is None else foils[b : b + 1])
+            exact = search == "exact" or (search == "auto" and len(positions) <= cap)
+            problems.append(
+                Bounds(
+                    trace,
+                    int(b),
+                    removal,
+                    positions,
+                    step_weights(sizes, len(positions)),
+                    target,
+                    exact,
+                )
+            )
+        return problems
+
+    def bounds(
+        self, attribution: Attribution, context: EvalContext
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(B,) lowest and highest AOPC of any ordering (NaN for unscoreable rows), exact or by
+        beam search; kept per batch, since they do not depend on the method."""
+        trace = context.trace
+        memo = trace.shared.setdefault(BOUNDS_KEY, {})
+        setting = (self.params["beam_size"],)
+        problems = [
+            p for p in self.bound_problems(attribution, context) if p.key() + setting not in memo
+        ]
+        budget = self.params["chunk_tokens"]
+        exact = [p for p in problems if p.exact]
+        drops = Bounds.drops_of(exact, [p.counted() for p in exact], budget)
+        for problem, drop in zip(exact, drops, strict=True):
+            memo[problem.key() + setting] = exact_bounds(problem.n, problem.weights, drop)
+        beams = {p: Beam(p.n, self.params["beam_size"]) for p in problems if not p.exact}
+        if beams and not self.beam_noted:
+            self.beam_noted = True
+            console.warn(
+                f"{self.name}:normalise=naopc: inputs of more than exact_cap="
+                f"{self.params['exact_cap']} candidate tokens take beam search (beam_size="
+                f"{self.params['beam_size']}); their bounds are approximate, so their scores "
+                "may leave [0, 1]"
+            )
+        seen: dict[Bounds, dict[int, float]] = {p: {} for p in beams}
+        while any(not beam.done for beam in beams.values()):
+            active = [p for p, beam in beams.items() if not beam.done]
+            wanted = [beams[p].pending() for p in active]
+            for problem, drop in zip(active, Bounds.drops_of(active, wanted, budget), strict=True):
+                seen[problem].update(drop)
+                beams[problem].advance(drop)
+        for problem, beam in beams.items():
+            memo[problem.key() + setting] = beam.bounds(problem.weights, seen[problem])
+        B = trace.batch.input_ids_BN.shape[0]
+        low_B, high_B = np.full(B, np.nan), np.full(B, np.nan)
+        for problem in self.bound_problems(attribution, context):
+            low_B[problem.row], high_B[problem.row] = memo[problem.key() + setting]
+        return low_B, high_B
 
 
 class Comprehensiveness(AOPC):
@@ -348,6 +611,11 @@ class Comprehensiveness(AOPC):
         "classes": "target: the class the method explained; all: the mean over every class, "
         "the method re-run for each (ferret's class-based AOPC; classifiers only)",
     }
+
+    def validate(self) -> None:
+        super().validate()
+        if self.params["classes"] == "all" and self.params["normalise"] == "naopc":
+            raise UsageError(f"{self.name}:normalise=naopc explains one class: use classes=target")
 
     def plan(self, attribution: Attribution, context: EvalContext) -> None:
         """``classes=all`` erases by the method re-run per class (``each_class``), which only
