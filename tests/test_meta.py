@@ -154,6 +154,18 @@ def test_taus_are_scipys_against_the_known_order_oriented_by_the_evaluator():
     assert meta._agreement("lower", _Lower(), methods, ids, 0, None).flagged
 
 
+def test_the_base_is_best_unless_a_degradation_beats_it_significantly():
+    rng = np.random.default_rng(2)
+    ordered = rng.normal(scale=0.1, size=(20, 6)) + np.arange(6)[::-1]
+    assert meta.base_best(ordered, 0)
+    saturated = ordered.copy()  # base and mildest degradation both clipped: a tie up to
+    saturated[:, :2] = 5.0 + rng.normal(scale=1e-12, size=(20, 2))  # float noise
+    assert meta.base_best(saturated, 0)
+    beaten = ordered.copy()
+    beaten[:, 2] += 3.0  # 50% noise well above the base on every example
+    assert not meta.base_best(beaten, 0)
+
+
 def test_on_the_synthetic_model_every_evaluator_orders_the_degradations(monkeypatch):
     """Done when: the known-order agreement reported for every faithfulness evaluator, and the
     exact attribution best under every one the meta-evaluation does not flag. The property

@@ -52,6 +52,7 @@ from attrib_bench.core.registry import Registry, Spec
 from attrib_bench.core.target import DEFAULT_TARGET
 from attrib_bench.core.trace import Trace, default_target_position
 from attrib_bench.data.load import LoadedData
+from attrib_bench.results.paired import paired_differences
 from attrib_bench.results.stats import bootstrap_ci
 from attrib_bench.runner.engine import _evaluate, attribution_stream
 from attrib_bench.runner.state import MethodState, Prepared, RunConfig
@@ -182,7 +183,7 @@ class MetaEvaluator:
     #: The tau of the means: value, 95% CI, examples.
     tau_corpus: dict[str, Any] = field(default_factory=dict)
     flagged: bool = False
-    #: The base (level 0) scores at least as well as every degraded explainer.
+    #: No degraded explainer scores significantly better than the base (``base_best``).
     base_best: bool = False
     cost: Cost = field(default_factory=Cost)
 
@@ -454,8 +455,19 @@ def _agreement(
         },
         tau_corpus={"value": corpus, "ci95": corpus_ci, "n": len(complete)},
         flagged=not corpus_ci[0] > 0,
-        base_best=bool(len(complete)) and bool(means[0] >= means[1:].max()),
+        base_best=base_best(complete, seed),
     )
+
+
+def base_best(oriented_EM: np.ndarray, seed: int) -> bool:
+    """Whether no degraded explainer scores significantly better than the base (column 0):
+    the paired bootstrap of base minus each (``results.paired``) has no 95% CI wholly below
+    0. Not a strict order of the means: a score that saturates (Soft-NS clips at 1) ties the
+    base with its mildest degradation up to float noise."""
+    if len(oriented_EM) < 2:
+        return False
+    differences = paired_differences(oriented_EM[:, :1] - oriented_EM[:, 1:], seed)
+    return all(not entry["ci95"][1] < 0 for entry in differences)
 
 
 def synthetic_prepared(
