@@ -108,6 +108,7 @@ def test_every_command_has_its_api_function():
         "merge": "merge",
         "report": "report",
         "cache": "clear_cache",
+        "meta": "meta",
     }
     assert set(cli.COMMANDS) == set(called)
     for command, handler in cli.COMMANDS.items():
