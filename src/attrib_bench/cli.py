@@ -220,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     meta = commands.add_parser(
         "meta",
         help="meta-evaluate the evaluators: can each order known degradations of a method?",
-        description="Score a base method's degradations (0, 25, 50, 75, 100%% of its scores "
+        description="Score a base method's degradations (0, 25, 50, 75, 100% of its scores "
         "replaced by seeded noise, then its ranking reversed; known order: best first) with "
         "each evaluator, on a synthetic bag-of-tokens model whose exact attribution is the "
         "base and on the model given; report each evaluator's Kendall tau with the known "
