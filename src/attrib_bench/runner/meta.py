@@ -27,7 +27,10 @@ seconds (``core.clock``), model passes, inputs run, and distinct erased inputs (
 plus the soft evaluators' inputs, each a fresh random draw).
 
 Two models: the run's own, and a synthetic bag-of-tokens classifier whose exact attribution is
-known (``model.synthetic``), on the same texts labelled by that model.
+known (``model.synthetic``), on the same texts labelled by that model. Only there is the order
+certain: on the run's model it holds as far as the base beats noise, so a flag there says the
+evaluator cannot tell this base from noise on this model (a base no better than random leaves
+no order to recover).
 """
 
 from __future__ import annotations
