@@ -246,3 +246,30 @@ def test_run_meta_with_no_evaluator_to_meta_evaluate_is_one_line(run_cli, tiny_b
     code, _, err = run_cli("run", "--model", tiny_bert, "--limit", "2", "--meta", "--quiet")
     assert code == 2
     assert "none of the evaluators (spearman)" in err and "Traceback" not in err
+
+
+class _Broken:
+    name = "broken"
+    description = "raises a usage error"
+    needs_reference = False
+
+    def score(self, attribution, context):
+        from attrib_bench import UsageError
+
+        raise UsageError("broken: cannot score this model; use another evaluator")
+
+
+def test_a_failing_evaluator_is_reported_and_the_others_go_on():
+    from attrib_bench.data.load import load_examples
+    from attrib_bench.model.synthetic import ExactAttributor
+    from attrib_bench.runner.state import RunConfig
+
+    config = RunConfig(limit=4)
+    registry = load_registry()
+    prepared = meta.synthetic_prepared(registry, load_examples(limit=4), None, config)
+    evaluators = {"broken": _Broken(), "log-odds": registry.evaluator("log-odds")}
+    run = meta.meta_run(prepared, "exact", ExactAttributor(), evaluators, 0, synthetic=True)
+    assert run.evaluators["broken"].status == "failed"
+    assert "cannot score this model" in run.evaluators["broken"].error
+    assert run.evaluators["log-odds"].status == "ok"
+    assert run.evaluators["log-odds"].tau_corpus["n"] == 4
