@@ -10,6 +10,13 @@ MultiBERTs-style checkpoints): the encoder's top k transformer layers are re-ini
 seed (the model's own ``_init_weights``) and re-trained, embeddings and lower layers frozen, to
 reproduce the original encoder's last-layer hidden states (MSE over real tokens) on the training
 split's sentences, labels ignored; that proxy is then fine-tuned as usual with the same seed.
+
+With ``masking`` = beta > 0 the fine-tune is the masked one of the in-distribution removal
+evaluators (``scorer=`` on the erasure evaluators, ``ffidelity``): it starts from a classifier
+(the run's model) and at every training step erases a random share beta of each input's real
+non-special tokens (F-Fidelity's explanation-agnostic fine-tune, Zheng et al., ICLR 2025; the
+masked fine-tuning of Madsen et al., ICML 2024), so that inputs with tokens erased are inputs the
+model has seen. Its held-out accuracy must stay within a tolerance of the original's.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from attrib_bench.core.loaded_model import LoadedModel
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import DEFAULT_DATASET, LoadedData, load_examples
 from attrib_bench.model.load import load_model
+from attrib_bench.toolkit.erasure import erase, example_generator, resolve_removal
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -60,6 +68,15 @@ PROBE_SENTENCES = 256
 #: majority-class rate (what always answering its most frequent class scores, at least
 #: 1/classes) plus this margin: it has learned little, and the attributions explain noise.
 CHANCE_MARGIN = 0.05
+#: The masked fine-tune's setting: in the cache key only when set, so a plain fine-tune keeps
+#: the key it had before it existed.
+MASKING_FIELDS = ("masking",)
+#: F-Fidelity's fine-tuning removal share beta (``RandomPixelRemoval(0.1)`` in the official code's
+#: code/train_model.py; its evaluation bounds removal by the same 0.1, ``max_ratio``).
+DEFAULT_MASKING = 0.1
+#: The largest drop of held-out accuracy (absolute) a masked fine-tune may cost by default: more,
+#: and its scores would judge explanations of another model than the one explained.
+ACCURACY_TOLERANCE = 0.02
 PROXY_SEED_VARIES = (
     "top {k} layers' pretraining init and the re-training data order, plus head init, data "
     "order and dropout of fine-tuning"
@@ -85,6 +102,9 @@ class FinetuneConfig:
     reinit_top: int = 0
     reinit_steps: int = DEFAULT_REINIT_STEPS
     reinit_learning_rate: float = 3e-3
+    #: beta > 0: erase this share of each input's real non-special tokens at every training
+    #: step (the masked fine-tune, see the module); 0: a plain fine-tune.
+    masking: float = 0.0
 
 
 def default_model_source() -> str:
@@ -118,6 +138,9 @@ def cache_key(config: FinetuneConfig, data_fingerprint: str) -> str:
     recipe = asdict(config)
     if not config.reinit_top:  # unused: the key of a plain fine-tune is the one it always had
         for name in PROXY_FIELDS:
+            del recipe[name]
+    if not config.masking:  # likewise for the masked fine-tune's setting
+        for name in MASKING_FIELDS:
             del recipe[name]
     fields = {
         **recipe,
@@ -193,6 +216,26 @@ def _eval_data(config: FinetuneConfig, train_split: str) -> LoadedData | None:
         except UsageError:
             continue
     return None
+
+
+def masked_inputs(batch, share: float, tokenizer, generator: torch.Generator) -> dict:
+    """``batch``'s model inputs with a random ``share`` of each example's real non-special tokens
+    erased: replaced by the mask token, or deleted where the tokenizer has none (``auto``
+    removal, as the erasure evaluators erase).
+
+    An example of n such tokens loses floor(share * n + u) of them, u ~ U[0, 1), chosen
+    uniformly without replacement: stochastic rounding keeps the expected share at ``share``
+    for sentences too short for share * n to reach one token (the official F-Fidelity code
+    rounds down, which would leave every sentence under 10 tokens unmasked at 0.1). Draws come
+    from ``generator`` (on the CPU), whatever the device."""
+    candidates_BN = (batch.attention_mask_BN.bool() & ~batch.special_tokens_mask_BN.bool()).cpu()
+    keys_BN = torch.rand(candidates_BN.shape, generator=generator).masked_fill(~candidates_BN, 2)
+    count_B = torch.floor(
+        share * candidates_BN.sum(dim=1) + torch.rand(len(candidates_BN), generator=generator)
+    )
+    erase_BN = keys_BN.argsort(dim=1).argsort(dim=1) < count_B[:, None]
+    removal = resolve_removal("auto", tokenizer)
+    return erase(batch.model_inputs(), erase_BN.to(batch.input_ids_BN.device), removal, tokenizer)
 
 
 def _rng_devices(device: torch.device) -> list:
@@ -343,7 +386,8 @@ def _train(
     With ``config.reinit_top`` the encoder is first made the seed's pretraining proxy
     (:func:`build_proxy`, which leaves the global random state as it found it, so fine-tuning's
     randomness is that of the plain fine-tune with the same seed); its report goes into
-    ``proxy_report``."""
+    ``proxy_report``. With ``config.masking`` every step erases tokens (``masked_inputs``)
+    drawn from a generator of their own, seeded by ``config.seed``."""
     torch.manual_seed(config.seed)  # the fresh head's initialisation, then dropout's masks
     num_labels = data.num_labels
     loaded = load_model(
@@ -377,11 +421,15 @@ def _train(
         optimizer = torch.optim.AdamW(loaded.model.parameters(), lr=config.learning_rate)
         schedule = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.1, total_iters=steps)
         generator = torch.Generator().manual_seed(config.seed)
+        masking = example_generator(config.seed, "masking") if config.masking else None
         loaded.model.train()
         for _epoch in range(config.epochs):
             for index in torch.randperm(len(batches), generator=generator).tolist():
                 batch = batches[index].to(loaded.device)
-                loss = loaded.model(**batch.model_inputs(), labels=batch.labels).loss
+                inputs = batch.model_inputs()
+                if masking is not None:
+                    inputs = masked_inputs(batch, config.masking, loaded.tokenizer, masking)
+                loss = loaded.model(**inputs, labels=batch.labels).loss
                 loss.backward()
                 optimizer.step()
                 schedule.step()
@@ -434,6 +482,11 @@ def _check(config: FinetuneConfig, architectures: Mapping[str, ArchitectureSpec]
     ):
         if value < 1:
             raise UsageError(f"--{name} must be at least 1, got {value}")
+    if not 0.0 <= config.masking < 1.0:
+        raise UsageError(
+            f"--masking must lie in [0, 1), the share of tokens erased, got {config.masking} "
+            f"(F-Fidelity's: {DEFAULT_MASKING})"
+        )
     _check_proxy(config, architectures)
     train = _train_data(config)
     if train.num_labels is None:
@@ -480,12 +533,40 @@ def _build(
         "eval_majority_rate": _majority_rate(evaluation) if evaluation else None,
         **proxy,
     }
+    if config.masking:
+        original = load_model(config.model, device, architectures=architectures)
+        metadata["masking_removal"] = resolve_removal("auto", loaded.tokenizer)
+        metadata["original_eval_accuracy"] = (
+            _accuracy(original, evaluation, 64, config.max_length) if evaluation else None
+        )
     staging = target.with_name(target.name + f".tmp{os.getpid()}")
     loaded.model.save_pretrained(staging)
     loaded.tokenizer.save_pretrained(staging)
     (staging / METADATA_FILE).write_text(json.dumps(metadata, indent=1) + "\n")
     shutil.rmtree(target, ignore_errors=True)
     staging.replace(target)
+
+
+def check_accuracy(metadata: dict, tolerance: float, who: str) -> None:
+    """Refuse a masked fine-tune whose held-out accuracy fell more than ``tolerance`` below the
+    original model's (a UsageError naming the fix); warn when there was no held-out split to
+    measure it on. A plain fine-tune passes."""
+    if not metadata["config"].get("masking"):
+        return
+    before, after = metadata.get("original_eval_accuracy"), metadata.get("eval_accuracy")
+    if before is None or after is None:
+        console.warn(
+            f"{who}: no held-out split (validation, dev or test) to check the masked "
+            "fine-tune's accuracy against the original's; its scores may judge another model"
+        )
+        return
+    if before - after > tolerance:
+        raise UsageError(
+            f"{who}: the masked fine-tune lost {before - after:.4f} accuracy on "
+            f"{metadata['eval_split']} ({before:.4f} -> {after:.4f}), more than the tolerance "
+            f"{tolerance}: use a lower --masking, another --learning-rate or more --epochs, or "
+            "accept the drop with a larger --accuracy-tolerance (the model is cached)"
+        )
 
 
 def _deliver(target: Path, output: Path | None) -> Path:
@@ -502,18 +583,22 @@ def finetune(
     quiet: bool = False,
     *,
     architectures: Mapping[str, ArchitectureSpec],
+    accuracy_tolerance: float = ACCURACY_TOLERANCE,
 ) -> Path:
     """Fine-tune (or reuse the cached result) and return the model directory. ``architectures``:
     the model families known (``Registry.architecture_specs()``), as ``load_model`` takes them.
 
     The result is stored under the cache keyed by every input that changes the weights; with
-    ``output`` it is also copied there.
+    ``output`` it is also copied there. A masked fine-tune (``config.masking``) that lost more
+    held-out accuracy than ``accuracy_tolerance`` is refused (``check_accuracy``); it stays
+    cached, so accepting it with a larger tolerance trains nothing again.
     """
     train = _check(config, architectures)
     target = _target(config, train)
     if not _is_cached(target):
         _build(config, train, target, device, quiet, architectures)
     warn_near_chance(target, config.model)
+    check_accuracy(read_metadata(target), accuracy_tolerance, config.model)
     return _deliver(target, output)
 
 
@@ -525,6 +610,7 @@ def finetune_seeds(
     quiet: bool = False,
     *,
     architectures: Mapping[str, ArchitectureSpec],
+    accuracy_tolerance: float = ACCURACY_TOLERANCE,
 ) -> list[Path]:
     """One model per seed (``config.seed`` replaced by each), each cached as :func:`finetune`
     caches one; one progress bar over seeds x steps. With ``output``, model ``s`` is copied to
@@ -533,7 +619,8 @@ def finetune_seeds(
     A fine-tuning seed varies the head's initialisation, the data order and dropout; the
     pretrained encoder is the same for every seed. With ``config.reinit_top`` k > 0 each seed
     also re-initialises and re-trains the top k layers (the pretraining-seed proxy, see the
-    module); the bar then counts re-training steps too.
+    module); the bar then counts re-training steps too. Each masked fine-tune is checked as
+    :func:`finetune` checks one.
     """
     seeds = list(seeds)
     if not seeds or len(set(seeds)) != len(seeds):
@@ -552,6 +639,7 @@ def finetune_seeds(
                 _build(one, train, target, device, quiet, architectures, (bar, task))
     for seed, target in zip(seeds, targets, strict=True):
         warn_near_chance(target, f"seed {seed}")
+        check_accuracy(read_metadata(target), accuracy_tolerance, f"seed {seed}")
     return [
         _deliver(target, None if output is None else Path(output) / f"seed-{seed}")
         for seed, target in zip(seeds, targets, strict=True)
