@@ -408,16 +408,20 @@ def finetune(
     device: str = "auto",
     quiet: bool = True,
     plugins: Sequence[Path | str] = (),
+    accuracy_tolerance: float | None = None,
     **settings: Any,
 ) -> list[Finetuned]:
     """Fine-tune an encoder as a classifier (cached by every input that changes the weights)
     and return the models: one, or with ``seeds`` one per seed in their order (copied to
     ``output``/seed-S). ``settings`` are ``FinetuneConfig`` fields (``model``,
     default the embedded MiniLM; ``dataset``, ``epochs``, ``learning_rate``, ``seed``,
-    ``reinit_top``, ...)."""
+    ``reinit_top``, ``masking``, ...). A masked fine-tune (``masking`` > 0, from the classifier
+    ``model``) is refused when it loses more held-out accuracy than ``accuracy_tolerance``
+    (default ``attrib_bench.model.finetune.ACCURACY_TOLERANCE``)."""
     from attrib_bench.core.errors import UsageError
     from attrib_bench.core.registry import load_registry
     from attrib_bench.model.finetune import (
+        ACCURACY_TOLERANCE,
         FinetuneConfig,
         default_model_source,
         finetune_seeds,
@@ -433,12 +437,12 @@ def finetune(
     config = _config(FinetuneConfig, "finetune", settings)
     architectures = load_registry(plugins).architecture_specs()
     target = None if output is None else Path(output)
+    tolerance = ACCURACY_TOLERANCE if accuracy_tolerance is None else accuracy_tolerance
+    checks = {"architectures": architectures, "accuracy_tolerance": tolerance}
     if seeds is None:
-        directories = [finetune_one(config, target, device, quiet, architectures=architectures)]
+        directories = [finetune_one(config, target, device, quiet, **checks)]
     else:
-        directories = finetune_seeds(
-            config, seeds, target, device, quiet, architectures=architectures
-        )
+        directories = finetune_seeds(config, seeds, target, device, quiet, **checks)
     return [Finetuned(directory, read_metadata(directory)) for directory in directories]
 
 

@@ -331,6 +331,19 @@ def build_parser() -> argparse.ArgumentParser:
     finetune.add_argument(
         "--reinit-steps", type=int, metavar="N", help="re-training steps (default: 800)"
     )
+    finetune.add_argument(
+        "--masking",
+        type=float,
+        metavar="BETA",
+        help="masked fine-tune of a classifier (--model): erase this share of each input's "
+        "tokens at every step, for the scorer= of the removal evaluators (F-Fidelity's: 0.1)",
+    )
+    finetune.add_argument(
+        "--accuracy-tolerance",
+        type=float,
+        metavar="DROP",
+        help="refuse a masked fine-tune losing more held-out accuracy than this (default 0.02)",
+    )
     finetune.add_argument("--device", default="auto")
     finetune.add_argument("--quiet", action="store_true")
 
@@ -654,6 +667,7 @@ def _finetune(args: argparse.Namespace, out: Console) -> int:
         "seed": args.seed,
         "limit": args.limit,
         "reinit_steps": args.reinit_steps,
+        "masking": args.masking,
     }
     models = finetune(
         seeds=seeds,
@@ -670,6 +684,7 @@ def _finetune(args: argparse.Namespace, out: Console) -> int:
         batch_size=args.batch_size,
         max_length=args.max_length,
         reinit_top=args.reinit_top,
+        accuracy_tolerance=args.accuracy_tolerance,
         **{key: value for key, value in given.items() if value is not None},
     )
 
@@ -679,6 +694,8 @@ def _finetune(args: argparse.Namespace, out: Console) -> int:
         if metadata.get("reinit_top"):
             before, after = metadata["reinit_mse_before"], metadata["reinit_mse_after"]
             shown += f"  re-training mse: {before:.4g} -> {after:.4g}"
+        if metadata.get("original_eval_accuracy") is not None:
+            shown += f" (original model: {metadata['original_eval_accuracy']:.4f})"
         return shown
 
     if seeds is None:
