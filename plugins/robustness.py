@@ -46,8 +46,7 @@ import dataclasses
 import json
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,30 +58,13 @@ from attrib_bench import Attribution, Configurable, EvalContext, UsageError
 from attrib_bench.core.interfaces import Batch, scored_classes
 from attrib_bench.model.trace import trace_batch
 from attrib_bench.toolkit.erasure import candidates, example_generator, explained
+from attrib_bench.toolkit.perturbed_inputs import example_batch, shifted_embeddings
 from attrib_bench.toolkit.ranking import scored_row
 
 if TYPE_CHECKING:
-    from attrib_bench.core.loaded_model import LoadedModel
     from attrib_bench.core.trace import Trace
 
 PERTURBATIONS = ("embedding", "swap")
-
-
-def example_batch(batch: Batch, row: int, input_ids_1N: torch.Tensor | None = None) -> Batch:
-    """Example ``row`` alone over its real tokens, its token ids replaced by ``input_ids_1N``
-    where given (a swap keeps the length)."""
-    real_N = batch.attention_mask_BN[row].bool()
-    cut = lambda t: None if t is None else t[row : row + 1, real_N.to(t.device)]  # noqa: E731
-    ids = cut(batch.input_ids_BN) if input_ids_1N is None else input_ids_1N
-    return Batch(
-        examples=[batch.examples[row]],
-        input_ids_BN=ids,
-        attention_mask_BN=cut(batch.attention_mask_BN),
-        token_type_ids_BN=cut(batch.token_type_ids_BN),
-        special_tokens_mask_BN=cut(batch.special_tokens_mask_BN),
-        tokens=[batch.tokens[row]],
-        word_ids_BN=cut(batch.word_ids_BN),
-    )
 
 
 def noise_generator(seed: int, example_id: str) -> torch.Generator:
@@ -98,27 +80,6 @@ def embedding_noise(
     tokens, 0 elsewhere."""
     uniform = torch.rand(samples, len(keep_N), hidden, generator=generator)
     return (2 * uniform - 1) * radius * torch.as_tensor(keep_N, dtype=torch.float32)[:, None]
-
-
-@contextmanager
-def shifted_embeddings(loaded: LoadedModel, delta_ND: torch.Tensor, who: str) -> Iterator[None]:
-    """Add ``delta_ND`` to every output of ``loaded.embeddings`` inside the block, broadcast
-    over its leading dimension (path steps, baselines, perturbed copies of the example)."""
-
-    def shift(_module: torch.nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:
-        if output.shape[-2:] != delta_ND.shape:
-            raise ValueError(
-                f"{who}: the method ran the model on {output.shape[-2]} tokens where the "
-                f"example has {delta_ND.shape[0]}; embedding noise cannot follow a change of "
-                "length"
-            )
-        return output + delta_ND.to(output.device, output.dtype)
-
-    handle = loaded.embeddings.register_forward_hook(shift)
-    try:
-        yield
-    finally:
-        handle.remove()
 
 
 def load_synonyms(path: str, who: str) -> dict[str, list[str]]:
