@@ -213,9 +213,9 @@ def test_on_the_synthetic_model_every_evaluator_orders_the_degradations(monkeypa
 )
 def test_bad_input_is_one_line_and_exit_2(run_cli, flags, said):
     code, _, err = run_cli("meta", "--limit", "2", *flags)
-    assert code == 2
-    assert said in err and "Traceback" not in err
-    assert len(err.strip().splitlines()) == 1
+    assert code == 2 and "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and said in errors[0]  # (a broken plugin may add its warning)
 
 
 def test_run_meta_adds_the_section_and_the_leaderboard_marks_flagged_evaluators(tiny_bert):
