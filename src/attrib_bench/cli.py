@@ -509,7 +509,9 @@ def _run(args: argparse.Namespace, out: Console) -> int:
 
 
 def _print_leaderboards(result: Result, out: Console) -> None:
-    """Each evaluator's leaderboard, or the one line saying why it failed."""
+    """Each evaluator's leaderboard, or the one line saying why it failed; then how far the
+    evaluators agree on the methods' order."""
+    from attrib_bench.reports.evaluator_agreement import evaluator_agreement_tables
     from attrib_bench.reports.leaderboard import leaderboard
 
     for name, evaluator in result.evaluators.items():
@@ -517,6 +519,8 @@ def _print_leaderboards(result: Result, out: Console) -> None:
             out.print(leaderboard(result, name))  # a Result as is: checked when it was built
         else:
             out.print(f"[red]evaluator {name} failed:[/] {escape(str(evaluator['error']))}")
+    for table in evaluator_agreement_tables(result):
+        out.print(table)
 
 
 def _check(args: argparse.Namespace, out: Console) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from attrib_bench.reports.attributions import reference_rows, token_rows
+from attrib_bench.reports.evaluator_agreement import evaluator_agreement_html
 from attrib_bench.reports.leaderboard import (
     answer_columns,
     finite,
@@ -451,6 +452,9 @@ def render_html(
     agreement = _agreement_html(document)
     if agreement:
         sections.append(agreement)
+    evaluators_agree = evaluator_agreement_html(document)
+    if evaluators_agree:
+        sections.append(evaluators_agree)
     for evaluator in [name for name in evaluators if scored_kinds(document, name)]:
         png = base64.b64encode(layer_plot(document, evaluator)).decode()
         sections.append(

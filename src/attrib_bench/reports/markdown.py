@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from attrib_bench.reports.attributions import token_rows
+from attrib_bench.reports.evaluator_agreement import evaluator_agreement_markdown
 from attrib_bench.reports.leaderboard import (
     answer_columns,
     finite,
@@ -84,6 +85,7 @@ def render_markdown(
             lines += [f"Evaluator `{name}` failed: {state['error']}", ""]
     lines += across_models_markdown(document.extra)
     lines += _agreement(document)
+    lines += evaluator_agreement_markdown(document)
     rows = token_rows(document, shown_examples(document, examples), attributions)
     order = ranked(document, evaluators[0]) if evaluators else list(document.methods)
     order += sorted({spec for methods in rows.values() for spec in methods} - set(order))

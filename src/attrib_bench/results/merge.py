@@ -32,6 +32,10 @@ import numpy as np
 
 from attrib_bench.core.errors import UsageError
 from attrib_bench.core.shards import parse_shard
+from attrib_bench.results.evaluator_agreement import (
+    EvaluatorAgreement,
+    evaluator_agreement_section,
+)
 from attrib_bench.results.paired import Paired, paired_section
 from attrib_bench.results.stats import summarize_by_answer, summarize_corpus, summarize_layers
 from attrib_bench.results.typed import LayerScore, MethodResult, Result
@@ -380,6 +384,11 @@ def merge(parts: Sequence[Result]) -> Result:
     corpus = [name for name, info in first.evaluator_info.items() if info.get("corpus_level")]
     ran = {spec: m.per_example for spec, m in methods.items() if m.status == "ok"}
     paired = Paired.from_json(paired_section(ran, corpus, seed))
+    # So is the agreement between evaluators: the same scores give the unsharded run's.
+    references = {first.reference, *(s for s, m in methods.items() if m.added_as_reference)}
+    evaluators_agree = EvaluatorAgreement.from_json(
+        evaluator_agreement_section(ran, first.evaluator_info, references, seed)
+    )
     return Result(
         schema_version=first.schema_version,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -393,4 +402,5 @@ def merge(parts: Sequence[Result]) -> Result:
         methods=methods,
         extra=extra,
         paired=paired,
+        evaluator_agreement=evaluators_agree,
     )

@@ -25,6 +25,7 @@ import numpy as np
 
 from attrib_bench.core.errors import UsageError
 from attrib_bench.results.agreement import Agreement
+from attrib_bench.results.evaluator_agreement import EvaluatorAgreement
 from attrib_bench.results.paired import Paired
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ RESULT_KEYS = (
     "methods",
     "agreement",
     "paired",
+    "evaluator_agreement",
 )
 
 
@@ -259,6 +261,9 @@ class Result:
     agreement: Agreement | None = None
     #: Paired differences between every two methods (``results.paired``); None when absent.
     paired: Paired | None = None
+    #: Kendall tau between every two evaluators' method rankings
+    #: (``results.evaluator_agreement``); None when absent.
+    evaluator_agreement: EvaluatorAgreement | None = None
     #: Other top-level sections (``cache``, ``finetune``, ``merged_from``), kept as they are.
     extra: dict[str, Any] = field(default_factory=dict)
     #: The file it was read from, for error messages (None: built in memory); not in the JSON.
@@ -289,6 +294,11 @@ class Result:
                 Agreement.from_json(document["agreement"]) if document.get("agreement") else None
             ),
             paired=Paired.from_json(document["paired"]) if document.get("paired") else None,
+            evaluator_agreement=(
+                EvaluatorAgreement.from_json(document["evaluator_agreement"])
+                if document.get("evaluator_agreement")
+                else None
+            ),
             extra={k: v for k, v in document.items() if k not in RESULT_KEYS},
             source=getattr(document, "path", None),
         )
@@ -307,6 +317,11 @@ class Result:
             "methods": {spec: method.to_json() for spec, method in self.methods.items()},
             **({} if self.agreement is None else {"agreement": self.agreement.to_json()}),
             **({} if self.paired is None else {"paired": self.paired.to_json()}),
+            **(
+                {}
+                if self.evaluator_agreement is None
+                else {"evaluator_agreement": self.evaluator_agreement.to_json()}
+            ),
             **self.extra,
         }
 
@@ -371,7 +386,8 @@ def validate(document: Any, name: str) -> None:
 
 def _check_across(document: Mapping[str, Any], problem: str) -> None:
     """What a JSON Schema cannot say: per-example arrays and ``model_right`` as long as
-    ``example_ids``; an agreement pair's methods and measures among the section's own."""
+    ``example_ids``; an agreement pair's methods and measures among the section's own, an
+    evaluator agreement pair's evaluators among its kind's."""
 
     def fail(where: str, expected: str, value: Any) -> NoReturn:
         raise UsageError(f"{problem}: {where} must be {expected}, not {_shown(value)}")
@@ -407,6 +423,13 @@ def _check_across(document: Mapping[str, Any], problem: str) -> None:
         for measure in pair["scores"]:
             if measure not in agreement["measures"]:
                 fail(f"{at}.scores key", _either(agreement["measures"]), measure)
+    kinds = (document.get("evaluator_agreement") or {}).get("kinds", {})
+    for kind, entry in kinds.items():
+        for index, pair in enumerate(entry["pairs"]):
+            for key in ("a", "b"):
+                if pair[key] not in entry["evaluators"]:
+                    where = f"evaluator_agreement.kinds.{kind}.pairs[{index}].{key}"
+                    fail(where, _either(entry["evaluators"]), pair[key])
 
 
 def _is_number(checker: Any, value: Any) -> bool:

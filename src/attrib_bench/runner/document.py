@@ -16,6 +16,7 @@ import torch
 from attrib_bench.core.interfaces import KINDS
 from attrib_bench.core.plugin_info import evaluator_info
 from attrib_bench.results.document import SCHEMA_VERSION
+from attrib_bench.results.evaluator_agreement import evaluator_agreement_section
 from attrib_bench.results.paired import paired_section
 from attrib_bench.results.stats import summarize_by_answer, summarize_corpus, summarize_layers
 from attrib_bench.runner.cache import package_version
@@ -174,10 +175,22 @@ def build_result(
     }
     if right_E is not None:
         document["model_right"] = right_E.tolist()
+    # Which model copy scored the in-distribution removal evaluators (``scorer=``, their
+    # ``scored_by``: attrib_bench.model.scorer); absent when none had one.
+    scorers = {n: e.scored_by for n, e in evaluators.items() if getattr(e, "scored_by", None)}
+    if scorers:
+        document["provenance"]["scorers"] = scorers
     # Every two methods on the same examples: is rank i really ahead of rank i + 1?
     corpus = [name for name, info in document["evaluator_info"].items() if info["corpus_level"]]
     ran = {spec: doc["per_example"] for spec, doc in method_docs.items() if doc["status"] == "ok"}
     document["paired"] = paired_section(ran, corpus, config.seed)
+    # Every two evaluators: do they order the methods alike (results.evaluator_agreement)?
+    document["evaluator_agreement"] = evaluator_agreement_section(
+        ran,
+        document["evaluator_info"],
+        {config.reference, *(m.spec for m in methods if m.added_as == "reference")},
+        config.seed,
+    )
     return document
 
 
