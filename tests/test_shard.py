@@ -83,6 +83,9 @@ def test_merging_two_shards_gives_the_full_run(runs, run_cli, tmp_path):
         assert merged.methods[spec].scores == method.scores, spec  # statistics recomputed
         assert merged.methods[spec].evaluators == method.evaluators, spec
     assert merged.paired == whole.paired
+    agreement = whole.evaluator_agreement  # between every two evaluators, recomputed
+    assert len(agreement.pairs["aggregated"]) == 3
+    assert merged.evaluator_agreement.to_json() == agreement.to_json()
     assert merged.config == whole.config  # shard null again: the unsharded run's settings
     assert merged.provenance["dataset"] == whole.provenance["dataset"]  # fingerprint included
     assert merged.provenance["code"] == whole.provenance["code"]
