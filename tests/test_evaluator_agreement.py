@@ -5,6 +5,7 @@ orientation, the schema, the typed round trip, the reports, merge, and a run end
 from __future__ import annotations
 
 import copy
+import io
 import json
 import math
 from itertools import combinations
@@ -288,3 +289,40 @@ def test_run_and_evaluate_rank_by_parametrised_evaluators_of_one_name(tiny_bert,
     assert code == 0, err
     check_taus_against_the_summaries(json.loads(scored.read_text()), evaluators.split(","), 2)
     assert "Agreement between evaluators (aggregated rows)" in out
+
+
+def test_mutated_sections_give_a_usage_error_or_a_report():
+    """The fuzz of test_result_fuzz, aimed at the ``evaluator_agreement`` section: a mutant is
+    refused in one line or read and shown, never a traceback."""
+    import random
+
+    from test_result_fuzz import WRONG, answers, places
+
+    from attrib_bench.reports.evaluator_agreement import (
+        evaluator_agreement_html,
+        evaluator_agreement_markdown,
+    )
+    from attrib_bench.results.typed import as_result
+
+    base = hand_made(per_example_scores())
+
+    def render(document: dict) -> None:
+        result = as_result(document)
+        evaluator_agreement_markdown(result)
+        evaluator_agreement_html(result)
+        for table in evaluator_agreement_tables(result):
+            Console(width=200, file=io.StringIO()).print(table)
+
+    render(base)
+    rng = random.Random(0)
+    for _ in range(100):
+        mutant = copy.deepcopy(base)
+        path = rng.choice(places(mutant["evaluator_agreement"]))
+        parent, key = mutant, "evaluator_agreement"
+        for step in path:
+            parent, key = parent[key], step
+        if isinstance(parent, dict) and rng.random() < 0.3:
+            del parent[key]
+        else:
+            parent[key] = rng.choice(WRONG)
+        answers(render, mutant)
