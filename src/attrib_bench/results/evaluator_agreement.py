@@ -7,8 +7,8 @@ over the examples, NaN examples left out), oriented by its ``higher_is_better`` 
 score is negated), so that both orders run from best to worst. The agreement is Kendall's tau-b
 (``scipy.stats.kendalltau``) between the two oriented score vectors over the methods both rank:
 1 when they order the methods alike, -1 when one reverses the other, ties counted as tau-b does
-(Kendall 1938; the disagreement between faithfulness metrics it measures: Edin et al., ACL 2025;
-Madsen et al., ICML 2024).
+(Kendall 1945, "The treatment of ties in ranking problems"). It shows when two evaluators would
+crown different methods, as raw and normalised AOPC can (Edin et al., ACL 2025).
 
 Left out of a pair's comparison: a method that failed, or is undefined (NaN on every example),
 under either evaluator, and the reference method under an evaluator that compares with it (it
@@ -114,7 +114,9 @@ def _resampled_taus(x_RK: np.ndarray, y_RK: np.ndarray) -> np.ndarray:
     return taus
 
 
-def _kind_section(values_EVM: np.ndarray, evaluators: list[str], methods: list[str], seed: int):
+def _kind_section(
+    values_EVM: np.ndarray, evaluators: list[str], methods: list[str], seed: int
+) -> dict[str, Any]:
     """One kind's evaluators and pairs (see the module doc)."""
     count, n_eval, n_methods = values_EVM.shape
     defined_EVM = ~np.isnan(values_EVM)
