@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from scipy.stats import entropy
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, EvalContext
@@ -45,6 +44,8 @@ def contribution_entropy(magnitudes: np.ndarray) -> float:
     """The entropy of the fractional contributions |a_i| / sum |a|; NaN for none or all zero."""
     if len(magnitudes) == 0 or float(np.sum(magnitudes)) == 0.0:
         return float("nan")
+    from scipy.stats import entropy  # not at `list` time: scipy is heavy to import
+
     return float(entropy(magnitudes))  # scipy normalises to a distribution, 0 log 0 = 0
 
 
