@@ -70,6 +70,12 @@ every method of the batch (the bounds do not depend on the method) and pooled wi
 erasures. The settings whose steps do not erase sets of fixed sizes (``protocol=ferret``,
 ``rationale=positive``, ``repeats=skip``, ``empty=skip``) and ``classes=all`` refuse it.
 
+In-distribution removal (``scorer=DIR`` on every evaluator here): f(x) and f of every erased
+input come from DIR, the run's model fine-tuned with random masking (``attrib-bench finetune
+--masking``; Madsen et al. 2024; Zheng et al. 2025), which has seen inputs with tokens erased;
+the ranking still comes from the method run on the run's model (``attrib_bench.model.scorer``).
+NAOPC's bounds are then the scorer's too. The result's provenance names the scorer's weights.
+
 ferret 0.4.2's protocol (``AOPC_Comprehensiveness_Evaluation``, ``AOPC_Sufficiency_Evaluation``
 and ``AOPC_Comprehensiveness_Evaluation_by_class`` in ferret's evaluators/, default arguments)
 is ``protocol=ferret`` on comprehensiveness and sufficiency: see ``AOPC``. The default,
@@ -91,6 +97,7 @@ import attrib_bench
 from attrib_bench import Attribution, Configurable, EvalContext, UsageError
 from attrib_bench.core import console
 from attrib_bench.core.interfaces import scored_classes
+from attrib_bench.model.scorer import SCORER_DOC, SCORER_PREFIX, ScoredByCopy
 from attrib_bench.model.trace import trace_batch
 from attrib_bench.toolkit.erasure import (
     CACHE_KEY,
@@ -102,24 +109,19 @@ from attrib_bench.toolkit.erasure import (
     round_trip_restores,
 )
 from attrib_bench.toolkit.naopc import Beam, counted_sets, exact_bounds, normalised, step_weights
-from attrib_bench.toolkit.ranking import ROUNDINGS, rationale_mask, scored_row, top_k_mask
+from attrib_bench.toolkit.ranking import (
+    ROUNDINGS,
+    parse_ratios,
+    rationale_mask,
+    scored_row,
+    top_k_mask,
+)
 
 if TYPE_CHECKING:
     from attrib_bench.core.trace import Trace
 
 AOPC_RATIOS = "0.1/0.2/0.3/0.4/0.5/0.6/0.7/0.8/0.9"
 CURVE_RATIOS = "0/0.1/0.2/0.3/0.4/0.5/0.6/0.7/0.8/0.9/1"
-
-
-def parse_ratios(text: str) -> tuple[float, ...]:
-    """``"0.1/0.2"`` -> (0.1, 0.2): a "/"-separated list, since "," separates parameters."""
-    try:
-        ratios = tuple(float(part) for part in text.split("/") if part.strip())
-    except ValueError:
-        raise UsageError(f"ratios must be numbers separated by '/', got {text!r}") from None
-    if not ratios or any(not 0.0 <= r <= 1.0 for r in ratios):
-        raise UsageError(f"ratios must lie in [0, 1], got {text!r}")
-    return ratios
 
 
 #: ``ratios=all`` on the AOPC evaluators: every k from 1 to n (Edin et al.'s AOPC).
@@ -198,7 +200,7 @@ class Bounds:
         return out
 
 
-class Erasure(Configurable, ABC):
+class Erasure(ScoredByCopy, Configurable, ABC):
     """Shared machinery: erase by rank, run the variants batched, reduce per example."""
 
     needs_reference = False
@@ -207,7 +209,13 @@ class Erasure(Configurable, ABC):
     family = "faithfulness"
     #: "remove" erases the top k; "keep" erases everything but the top k.
     mode = "remove"
-    parameters = {"ratios": AOPC_RATIOS, "removal": "auto", "layer": -1, "chunk_tokens": 8192}
+    parameters = {
+        "ratios": AOPC_RATIOS,
+        "removal": "auto",
+        "layer": -1,
+        "chunk_tokens": 8192,
+        "scorer": "",
+    }
     choices = {"removal": REMOVALS}
     parameter_docs = {
         "ratios": "the shares erased, '/'-separated, each in [0, 1]: k = ceil(ratio * n) of the "
@@ -218,9 +226,11 @@ class Erasure(Configurable, ABC):
         "layer": "the method's row scored: -1, its last aggregated row; l >= 1, layer l's",
         "chunk_tokens": "the most tokens in one batched pass of erased inputs; bounds memory; "
         "an integer >= 1",
+        "scorer": SCORER_DOC,
     }
 
     def validate(self) -> None:
+        self.check_scorer()
         parse_ratios(self.params["ratios"])
         if self.params["layer"] == 0 or self.params["layer"] < -1:
             raise self.out_of_range("layer", "-1 (last) or a layer number >= 1")
@@ -282,7 +292,7 @@ class Erasure(Configurable, ABC):
         pooled with every other method's and evaluator's."""
         rationale_RBN, _, _ = self.rationales(attribution, context)
         _, _, keys = self.erasure_keys(attribution, context, self.evaluated(rationale_RBN))
-        plan_erasures(context.trace, list(keys.values()), self.params["chunk_tokens"])
+        plan_erasures(self.scoring(context), list(keys.values()), self.params["chunk_tokens"])
 
     def erased(
         self,
@@ -291,8 +301,9 @@ class Erasure(Configurable, ABC):
         evaluated_RB: np.ndarray | None = None,
     ) -> np.ndarray:
         """Log-probabilities after erasure at every ratio: (R, B, C), NaN for unscoreable rows
-        and for the steps ``evaluated_RB`` leaves out (never run; default: none)."""
-        trace = context.trace
+        and for the steps ``evaluated_RB`` leaves out (never run; default: none); the scorer's
+        (``scoring``)."""
+        trace = self.scoring(context)
         erase_RBN, scoreable_B, keys = self.erasure_keys(attribution, context, evaluated_RB)
         from attrib_bench.core.loaded_model import target_logits  # transformers: not at `list` time
 
@@ -318,7 +329,8 @@ class Erasure(Configurable, ABC):
     def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
         rationale_RBN, _, scoreable_B = self.rationales(attribution, context)
         erased_RBC = self.erased(attribution, context, self.evaluated(rationale_RBN))
-        original_BC = torch.log_softmax(context.trace.logits_BC.double(), dim=-1).cpu().numpy()
+        scoring = self.scoring(context)
+        original_BC = torch.log_softmax(scoring.logits_BC.double(), dim=-1).cpu().numpy()
         target = scored_classes(context.attributor, context.trace)  # what the method explains
         before_B = explained(context.trace, original_BC[None], target)[0]
         after_RB = explained(context.trace, erased_RBC, target)
@@ -501,7 +513,7 @@ class AOPC(Erasure):
                 if problem.exact
                 for key in problem.keys(problem.counted())
             ]
-            plan_erasures(context.trace, keys, self.params["chunk_tokens"])
+            plan_erasures(self.scoring(context), keys, self.params["chunk_tokens"])
 
     def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
         scores = super().score(attribution, context)
@@ -512,13 +524,13 @@ class AOPC(Erasure):
 
     def bound_problems(self, attribution: Attribution, context: EvalContext) -> list[Bounds]:
         """One bound search per scoreable example: its candidates, the sizes its steps erase
-        (the same for every ordering), and exact or beam search."""
-        trace = context.trace
+        (the same for every ordering), and exact or beam search; scored by the scorer."""
+        trace = self.scoring(context)
         removal = resolve_removal(self.params["removal"], trace.loaded.tokenizer)
         rationale_RBN, candidates_BN, scoreable_B = self.rationales(attribution, context)
         evaluated_RB = self.evaluated(rationale_RBN)
         erase_RBN = rationale_RBN if self.mode == "remove" else candidates_BN & ~rationale_RBN
-        classes, foils = scored_classes(context.attributor, trace)
+        classes, foils = scored_classes(context.attributor, context.trace)  # the method's target
         search, cap = self.params["search"], self.params["exact_cap"]
         problems = []
         for b in np.flatnonzero(scoreable_B):
@@ -550,8 +562,9 @@ class AOPC(Erasure):
         self, attribution: Attribution, context: EvalContext
     ) -> tuple[np.ndarray, np.ndarray]:
         """(B,) lowest and highest AOPC of any ordering (NaN for unscoreable rows), exact or by
-        beam search; kept per batch, since they do not depend on the method."""
-        trace = context.trace
+        beam search; kept per batch (the scorer's namespace), since they do not depend on the
+        method."""
+        trace = self.scoring(context)
         memo = trace.shared.setdefault(BOUNDS_KEY, {})
         setting = (self.params["beam_size"],)
         problems = [
@@ -655,6 +668,8 @@ class Comprehensiveness(AOPC):
                 target=target,
             )
             traced.shared[CACHE_KEY] = trace.shared.setdefault(CACHE_KEY, {})
+            for key in [key for key in trace.shared if key.startswith(SCORER_PREFIX)]:
+                traced.shared[key] = trace.shared[key]  # a scorer's erasures, shared likewise
             yield context.attributor.attribute(traced), dataclasses.replace(context, trace=traced)
 
 
@@ -745,12 +760,12 @@ class LogOdds(Erasure):
     parameters = {**Erasure.parameters, "ratios": "0.2"}
 
     def reduce(self, original_B, erased_RB, erased_RBC, context):
-        trace = context.trace
-        classes, foils = scored_classes(context.attributor, trace)
+        classes, foils = scored_classes(context.attributor, context.trace)
         if foils is not None:  # s is already the log-odds of y to the foil
             return (original_B[None, :] - erased_RB).mean(axis=0)
         classes_B = classes.cpu().numpy()
-        original_BC = torch.log_softmax(trace.logits_BC.double(), dim=-1).cpu().numpy()
+        scoring = self.scoring(context)
+        original_BC = torch.log_softmax(scoring.logits_BC.double(), dim=-1).cpu().numpy()
         after_RB = np.stack([log_odds(erased_BC, classes_B) for erased_BC in erased_RBC])
         return (log_odds(original_BC, classes_B)[None, :] - after_RB).mean(axis=0)
 

@@ -25,6 +25,8 @@ Conventions, stated because results depend on them:
   the trace) and shared by every method scored on it; the erased predictions also go into
   faithfulness's per-batch cache, so an erasure evaluator removing the same single token
   (comprehensiveness at 10% of a short sentence) reuses them, and the reverse.
+- ``scorer=DIR``: the drops are those of DIR, the run's model fine-tuned with random masking
+  (in-distribution removal, as on the erasure evaluators: ``attrib_bench.model.scorer``).
 - NaN: an example with fewer than two candidates, a non-finite score, or constant scores or
   constant LOO scores (tau-b is undefined there).
 """
@@ -37,6 +39,7 @@ import torch
 import attrib_bench
 from attrib_bench import Attribution, Configurable, EvalContext, Trace
 from attrib_bench.core.interfaces import scored_classes
+from attrib_bench.model.scorer import SCORER_DOC, ScoredByCopy
 from attrib_bench.toolkit.erasure import (
     REMOVALS,
     candidates,
@@ -92,7 +95,7 @@ def kendall_tau_b(scores: np.ndarray, loo: np.ndarray) -> float:
     return float(kendalltau(scores, loo, variant="b").statistic)
 
 
-class LooTau(Configurable):
+class LooTau(ScoredByCopy, Configurable):
     """Kendall's tau-b between a method's scores and the leave-one-out drops of f.
 
     Reference: Attanasio et al. 2023, "ferret: a Framework for Benchmarking Explainers on
@@ -110,7 +113,7 @@ class LooTau(Configurable):
     #: One model call per token and example: selected by name, like the erasure evaluators.
     in_default_run = False
     family = "faithfulness"
-    parameters = {"removal": "delete", "layer": -1, "chunk_tokens": 8192}
+    parameters = {"removal": "delete", "layer": -1, "chunk_tokens": 8192, "scorer": ""}
     choices = {"removal": REMOVALS}
     parameter_docs = {
         "removal": "how the left-out token is erased, as faithfulness's: delete (ferret's, "
@@ -118,22 +121,25 @@ class LooTau(Configurable):
         "where the tokenizer has one, else delete",
         "layer": "the method's row scored: -1, its last aggregated row; l >= 1, layer l's",
         "chunk_tokens": "the most tokens in one batched pass; bounds memory; an integer >= 1",
+        "scorer": SCORER_DOC,
     }
 
     def validate(self) -> None:
+        self.check_scorer()
         if self.params["layer"] == 0 or self.params["layer"] < -1:
             raise self.out_of_range("layer", "-1 (last) or a layer number >= 1")
         if self.params["chunk_tokens"] < 1:
             raise self.out_of_range("chunk_tokens", ">= 1")
 
     def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
-        trace = context.trace
+        trace = self.scoring(context)  # the scorer's view, memo and cache its own
         removal = resolve_removal(self.params["removal"], trace.loaded.tokenizer)
         erased_NBC = trace.memo(
             f"loo.erased/{removal}",
             lambda: loo_log_probs(trace, removal, self.params["chunk_tokens"]),
         )
-        drops_BN = loo_drops(trace, erased_NBC, scored_classes(context.attributor, trace))
+        target = scored_classes(context.attributor, context.trace)  # what the method explains
+        drops_BN = loo_drops(trace, erased_NBC, target)
         scores_BN = scored_row(attribution, self.params["layer"]).detach().double().cpu().numpy()
         candidates_BN = candidates(trace)
         per_example = np.full(len(scores_BN), np.nan)

@@ -188,6 +188,7 @@ def test_on_the_synthetic_model_every_evaluator_orders_the_degradations(monkeypa
         "loo-tau",
         "soft-comprehensiveness",
         "soft-sufficiency",
+        "ffidelity",
     }
     for name, row in run.evaluators.items():
         assert row.status == "ok", (name, row.error)

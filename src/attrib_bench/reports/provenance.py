@@ -47,6 +47,8 @@ def provenance_rows(result: Result) -> list[tuple[str, str]]:
     ):
         if value:
             rows.append((name, json.dumps(value, sort_keys=True)))
+    if provenance.get("scorers"):  # in-distribution removal: scorer= on removal evaluators
+        rows.append(("scorers", json.dumps(provenance["scorers"], sort_keys=True)))
     if result.extra.get("finetune"):
         rows.append(("fine-tuning", json.dumps(result.extra["finetune"], sort_keys=True)))
     return [(name, str(value)) for name, value in rows]

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attrib_bench.core.errors import UsageError
+
 if TYPE_CHECKING:
     import torch
 
@@ -27,6 +29,17 @@ def scored_row(attribution: Attribution, layer: int) -> torch.Tensor:
     if not 1 <= layer <= count:
         raise ValueError(f"layer={layer} asked, but the method has {count} layers")
     return rows_BLN[:, layer - 1]
+
+
+def parse_ratios(text: str) -> tuple[float, ...]:
+    """``"0.1/0.2"`` -> (0.1, 0.2): a "/"-separated list, since "," separates parameters."""
+    try:
+        ratios = tuple(float(part) for part in text.split("/") if part.strip())
+    except ValueError:
+        raise UsageError(f"ratios must be numbers separated by '/', got {text!r}") from None
+    if not ratios or any(not 0.0 <= r <= 1.0 for r in ratios):
+        raise UsageError(f"ratios must lie in [0, 1], got {text!r}")
+    return ratios
 
 
 ROUNDINGS = ("ceil", "floor")
