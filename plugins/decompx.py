@@ -350,6 +350,13 @@ class DecompX(Configurable):
         """The head reads the first token; without it any token's row can be explained."""
         return ("first",) if self.params["head"] else ("first", "last")
 
+    @property
+    def completeness(self) -> str | None:
+        """With the head, every bias split over the tokens and every nonlinearity replaced by
+        its slope at the real input: the row sums to the explained logit itself (up to the
+        1e-12 guards). Without it, norms sum to nothing."""
+        return "score" if self.params["head"] else None
+
     @torch.no_grad()
     def attribute(self, trace: Trace) -> Attribution:
         head = self.params["head"]

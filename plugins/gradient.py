@@ -249,6 +249,15 @@ class IntegratedGradients(_EmbeddingGradient):
         if self.params["chunk_tokens"] < 1:
             raise self.out_of_range("chunk_tokens", ">= 1")
 
+    @property
+    def completeness(self) -> str | None:
+        """Signed per-token sums (``reduce=sum``) add up to f(x) - f([PAD] baseline), up to the
+        path integral's error (Captum's convergence delta); a norm per token sums to nothing."""
+        return "score-change" if self.params["reduce"] == "sum" else None
+
+    def completeness_baseline(self, trace: Trace) -> torch.Tensor:
+        return _pad_baseline(trace)
+
     def per_dimension(
         self, trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None
     ) -> torch.Tensor:

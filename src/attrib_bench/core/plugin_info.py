@@ -28,6 +28,9 @@ from attrib_bench.core.errors import UsageError
 
 #: Every target position a method can explain (attrib_bench.core.target).
 POSITIONS = ("first", "last")
+#: What a method's rows may declare they sum to (``completeness``): the explained score f(x),
+#: or its change from the method's baseline f(x) - f(x') (attrib_bench.toolkit.completeness).
+COMPLETENESS = ("score", "score-change")
 #: The class docstring's ``Reference:`` paragraph: that line and the lines up to a blank one.
 _REFERENCE = re.compile(r"^Reference:[ \t]*(?P<text>.+(?:\n[ \t]*\S.*)*)", flags=re.M)
 
@@ -70,6 +73,9 @@ class AttributorInfo(PluginInfo):
     target_positions: tuple[str, ...] = POSITIONS
     #: It explains its own score, not the run's target (``explained_target(trace)``).
     explains_own_target: bool = False
+    #: What each example's row sums to, one of ``COMPLETENESS``; None: it claims nothing.
+    #: The ``completeness`` evaluator reports the gap, the conformance kit checks it.
+    completeness: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,11 +183,25 @@ def attributor_problems(obj: Any) -> tuple[dict[str, Any], list[str]]:
         positions = POSITIONS
     if not callable(getattr(obj, "attribute", None)):
         problems.append("define `attribute(self, trace) -> attrib_bench.Attribution`")
+    completeness = getattr(obj, "completeness", None)
+    if completeness is not None and completeness not in COMPLETENESS:
+        problems.append(
+            f"`completeness` must be None or one of {COMPLETENESS}, not {completeness!r}"
+        )
+        completeness = None
+    elif completeness == "score-change" and not callable(
+        getattr(obj, "completeness_baseline", None)
+    ):
+        problems.append(
+            "with completeness='score-change', define `completeness_baseline(self, trace)`: the "
+            "baseline's token ids (B, N)"
+        )
     values |= {
         "requires": frozenset(requires),
         "needs": None if needs is None else MappingProxyType(dict(needs)),
         "target_positions": positions,
         "explains_own_target": callable(getattr(obj, "explained_target", None)),
+        "completeness": completeness,
     }
     return values, problems
 
@@ -271,6 +291,10 @@ class AttributorBase:
     #: The kind of method: "attention", "norm-based", "decomposition", "gradient",
     #: "perturbation", "baseline" or your own word; the docs' methods table shows it.
     family: ClassVar[str] = ""
+    #: What each example's row sums to (``COMPLETENESS``): "score", the explained score f(x);
+    #: "score-change", f(x) - f(x') with ``completeness_baseline(trace)`` giving x' as token ids
+    #: (B, N). None claims nothing; a claim is checked by the conformance kit.
+    completeness: ClassVar[str | None] = None
 
 
 class EvaluatorBase:

@@ -47,6 +47,7 @@ from attrib_bench.data.batches import make_batches
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
 from attrib_bench.runner.engine import check_scores
+from attrib_bench.toolkit.completeness import completeness_terms
 
 FAMILIES = ("bert", "roberta")
 
@@ -75,6 +76,10 @@ EXAMPLES = tuple(
     for index, (text, decisive) in enumerate(_SENTENCES)
 )
 
+
+#: A declared completeness must hold on the kit's models to this share of |f(x) - f(x')| (a path
+#: integral's error included), plus float32 rounding: 1e-6 of |f(x)| + |f(x')|.
+COMPLETENESS_RTOL, COMPLETENESS_ATOL = 1e-2, 1e-6
 
 #: The targets check_attributor runs each attributor under: the default (the family's position,
 #: the predicted class's logit), each example's last real token, and the predicted class's
@@ -230,7 +235,9 @@ def check_attributor(
     own check (Attribution.problem), traced with only what ``requires`` declares; no example's
     rows are all zero; each example alone gets the rows it gets in a padded batch of all
     (relative 1e-4, absolute 1e-5 of the row's largest score: float32 rounding); two calls
-    with ``seed`` give identical rows. All of it under each of ``TARGETS`` (the default,
+    with ``seed`` give identical rows; a declared ``completeness`` holds (each row sums to the
+    explained score, or its change from the baseline, to ``COMPLETENESS_RTOL`` of it plus
+    float32 rounding). All of it under each of ``TARGETS`` (the default,
     ``position=last``, ``score=contrastive``): the other two are checked once the default
     passes, and their problems are named by the target. A family whose architecture does not
     offer what ``needs`` declares is skipped, as the runner skips it (``report.skipped``); a
@@ -627,7 +634,32 @@ def _target_problems(
                 "(trace.mask_BN) before any softmax, sum or normalisation over tokens, and use "
                 "no statistic of the whole batch"
             )
+    if attributor_problems(obj)[0]["completeness"] is not None:
+        problems += _completeness_problems(obj, loaded, seed, fields, target)
     return shapes, problems
+
+
+def _completeness_problems(
+    obj: Any, loaded: LoadedModel, seed: int, fields: Mapping[str, TraceField], target: Target
+) -> list[str]:
+    """The examples whose rows do not sum to what ``obj.completeness`` claims."""
+    trace = _trace(loaded, EXAMPLES, obj.requires, seed, fields, target)
+    try:
+        terms = completeness_terms(obj, trace, _attribute(obj, trace))
+    except Exception as error:
+        return [_failure("checking completeness", error)]
+    gaps_B = np.abs(terms.sums_B - terms.expected_B)
+    allowed_B = COMPLETENESS_RTOL * np.abs(terms.expected_B) + COMPLETENESS_ATOL * terms.scale_B
+    failed = np.flatnonzero(~(gaps_B <= allowed_B))
+    if not len(failed):
+        return []
+    row = int(failed[0])
+    return [
+        f"completeness={obj.completeness!r} fails for {len(failed)} of {len(EXAMPLES)} examples "
+        f"({_example(trace.batch.examples[row].id)}: the row sums to {terms.sums_B[row]:.6g}, "
+        f"the claim is {terms.expected_B[row]:.6g}): declare completeness=None unless the "
+        "scores add up to the explained score (or its change from completeness_baseline)"
+    ]
 
 
 def _score(
