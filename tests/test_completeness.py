@@ -17,6 +17,7 @@ from attrib_bench.testing import ConformanceError, check_attributor
 from attrib_bench_plugins.completeness import Completeness
 from attrib_bench_plugins.decompx import FIELDS, DecompX
 from attrib_bench_plugins.gradient import DeepLift, IntegratedGradients, Saliency
+from attrib_bench_plugins.gradient import _pad_baseline as pad_baseline
 
 
 @pytest.fixture(scope="module")
@@ -121,10 +122,23 @@ def test_a_method_that_claims_nothing_is_nan_with_one_warning(loaded64, capsys):
     assert capsys.readouterr().err.count("completeness: saliency claims no completeness") == 1
 
 
-def test_deeplift_claims_nothing():
-    """Captum's DeepLift on a transformer does not sum to delta (its rules skip GELU, softmax
-    and LayerNorm), so it declares no completeness."""
+class ClaimedDeepLift(DeepLift):
+    """Captum's DeepLift made to claim summation-to-delta, to measure how far it misses."""
+
+    completeness = "score-change"
+
+    def completeness_baseline(self, trace):
+        return pad_baseline(trace)
+
+
+def test_deeplift_claims_nothing_since_its_sums_miss_the_change(sharp64):
+    """Captum's rescale rule skips GELU, the attention softmax and LayerNorm, so on a
+    transformer DeepLift's sums miss f(x) - f(x') as gradient x (input - baseline) does; the
+    built-in declares no completeness."""
     assert attributor_info(DeepLift()).completeness is None
+    method = ClaimedDeepLift().configure({"reduce": "sum"})
+    relative = evaluate(method, traced(sharp64, method), relative="true")
+    assert np.nanmax(relative) > 0.1
 
 
 class FalseClaim:
