@@ -274,3 +274,17 @@ def test_a_failing_evaluator_is_reported_and_the_others_go_on():
     assert "cannot score this model" in run.evaluators["broken"].error
     assert run.evaluators["log-odds"].status == "ok"
     assert run.evaluators["log-odds"].tau_corpus["n"] == 4
+
+
+def test_evaluators_with_a_scorer_are_left_out_on_the_synthetic_model(tiny_bert, monkeypatch):
+    """A scorer is a fine-tune of the run's model: on the synthetic model it would judge
+    another model's inputs, so the synthetic run leaves its evaluators out."""
+    from attrib_bench.api import meta as meta_evaluation
+
+    monkeypatch.setattr(clock, "now", lambda: 0.0)
+    scored = f"deletion:scorer={tiny_bert}"
+    result = meta_evaluation(
+        only="synthetic", limit=4, batch_size=4, evaluators=["deletion", scored]
+    )
+    (run,) = result.runs
+    assert set(run.evaluators) == {"deletion"}

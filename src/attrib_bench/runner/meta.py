@@ -519,6 +519,12 @@ def synthetic_prepared(
 ONLY = ("synthetic", "model")
 
 
+def scored_by_copy(evaluator: Any) -> bool:
+    """Whether the evaluator scores with a ``scorer=`` model: a fine-tune of the run's model,
+    which cannot score the synthetic model's inputs in its place, so it is left out there."""
+    return bool(getattr(evaluator, "params", {}).get("scorer"))
+
+
 def meta(
     config: RunConfig,
     base: str | None = None,
@@ -561,7 +567,8 @@ def meta(
     if only != "model":
         synthetic = synthetic_prepared(registry, data, max_length, config)
         exact = ExactAttributor()
-        runs.append(meta_run(synthetic, "exact", exact, chosen, config.seed, quiet, True))
+        unscored = {name: e for name, e in chosen.items() if not scored_by_copy(e)}
+        runs.append(meta_run(synthetic, "exact", exact, unscored, config.seed, quiet, True))
     if prepared is not None:
         runs.append(meta_run(prepared, base_spec, base_method, chosen, config.seed, quiet))
     for run in runs:
