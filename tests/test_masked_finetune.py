@@ -170,3 +170,24 @@ def test_a_masking_outside_the_unit_interval_is_one_line(tiny_bert, run_cli, mas
     assert code == 2
     assert len(err.strip().splitlines()) == 1
     assert "--masking must lie in [0, 1)" in err
+
+
+def test_an_eraser_folders_val_split_is_the_held_out_one(tmp_path):
+    """ERASER folders name their held-out split ``val``: a fine-tune on ``test`` (HateXplain
+    here ships no train split) measures its accuracy there, so the tolerance can be checked."""
+    import json
+
+    folder = tmp_path / "eraser"
+    folder.mkdir()
+    documents, splits = [], {"test": [], "val": []}
+    for i, (text, label) in enumerate(SENTENCES):
+        documents.append(json.dumps({"docid": f"d{i}", "document": text}) + "\n")
+        annotation = {"annotation_id": f"d{i}", "classification": "POS" if label else "NEG"}
+        splits["test" if i < 3 else "val"].append(json.dumps({**annotation, "evidences": [[]]}))
+    (folder / "docs.jsonl").write_text("".join(documents))
+    for split, lines in splits.items():
+        (folder / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    config = FinetuneConfig(model="unused", dataset=str(folder), split="test")
+    held_out = finetune_module._eval_data(config, "test")
+    assert held_out is not None and held_out.split == "val"
+    assert [e.id for e in held_out.examples] == ["d3", "d4", "d5"]

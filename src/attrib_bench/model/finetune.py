@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 METADATA_FILE = "attrib_bench_finetune.json"
 #: Bump when training code changes what a cached model would be.
 FINETUNE_VERSION = 1
-EVAL_SPLITS = ("validation", "dev", "test")
+EVAL_SPLITS = ("validation", "val", "dev", "test")  # "val": ERASER folders' name
 #: The pretraining-seed proxy's settings: in the cache key only when ``reinit_top`` is set, so
 #: a plain fine-tune keeps the key it had before they existed.
 PROXY_FIELDS = ("reinit_top", "reinit_steps", "reinit_learning_rate")
@@ -556,7 +556,7 @@ def check_accuracy(metadata: dict, tolerance: float, who: str) -> None:
     before, after = metadata.get("original_eval_accuracy"), metadata.get("eval_accuracy")
     if before is None or after is None:
         console.warn(
-            f"{who}: no held-out split (validation, dev or test) to check the masked "
+            f"{who}: no held-out split (validation, val, dev or test) to check the masked "
             "fine-tune's accuracy against the original's; its scores may judge another model"
         )
         return
