@@ -288,3 +288,27 @@ def test_evaluators_with_a_scorer_are_left_out_on_the_synthetic_model(tiny_bert,
     )
     (run,) = result.runs
     assert set(run.evaluators) == {"deletion"}
+
+
+def test_a_scorers_passes_are_counted_as_the_models_are(tiny_bert, tmp_path, monkeypatch):
+    """``deletion:scorer=`` a copy of the model erases what ``deletion`` erases, on the
+    scorer and in its own cache: its cost counts those passes and that cache, the same."""
+    import shutil
+
+    from attrib_bench.api import meta as meta_evaluation
+
+    monkeypatch.setattr(clock, "now", lambda: 0.0)
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_bert, copy)
+    scored = f"deletion:scorer={copy}"
+    result = meta_evaluation(
+        model=str(tiny_bert), only="model", limit=4, batch_size=4, evaluators=["deletion", scored]
+    )
+    (run,) = result.runs
+    plain, copied = run.evaluators["deletion"].cost, run.evaluators[scored].cost
+    assert plain.inputs > 0 and plain.distinct > 0
+    assert (copied.passes, copied.inputs, copied.distinct) == (
+        plain.passes,
+        plain.inputs,
+        plain.distinct,
+    )

@@ -307,7 +307,17 @@ class PassCounter:
         self.passes = 0
         self.inputs = 0
         self.active = False
-        self.handle = model.register_forward_pre_hook(self._count, with_kwargs=True)
+        self.handles: dict[int, Any] = {}
+        self.watch(model)
+
+    def watch(self, model: torch.nn.Module) -> None:
+        """Count ``model``'s passes too (a ``scorer=`` model), once however often asked."""
+        if id(model) not in self.handles:
+            self.handles[id(model)] = model.register_forward_pre_hook(self._count, with_kwargs=True)
+
+    def remove(self) -> None:
+        for handle in self.handles.values():
+            handle.remove()
 
     def _count(self, _module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         if not self.active:
@@ -355,7 +365,7 @@ def meta_run(
                     _evaluate_counted(name, evaluator, methods, results, context, errors, counter)
                 )
     finally:
-        counter.handle.remove()
+        counter.remove()
     failed = next((m for m in methods if m.error is not None), None)
     if failed is not None:
         raise UsageError(
@@ -392,10 +402,21 @@ def _evaluate_counted(
     errors: dict[str, str],
     counter: PassCounter,
 ) -> Cost:
-    """One evaluator's plan then score of every explainer on the batch, and what it cost."""
-    trace = context.trace
-    cached = len(trace.shared.get(CACHE_KEY, {}))
-    run_before = trace.shared.get(RUN_COUNT_KEY, 0)
+    """One evaluator's plan then score of every explainer on the batch, and what it cost.
+    An evaluator with ``scorer=`` runs its erasures on the scorer, cached in the scorer's
+    namespace of the batch's memo: those passes and that cache are the ones counted."""
+    shared = context.trace.shared
+    if scored_by_copy(evaluator) and name not in errors:
+        try:
+            scoring = evaluator.scoring(context)  # loads the scorer; its logits on the batch
+        except UsageError as error:
+            errors[name] = str(error)
+            console.warn(f"evaluator {name} failed: {error}")
+            return Cost()
+        counter.watch(scoring.loaded.model)
+        shared = scoring.shared
+    cached = len(shared.get(CACHE_KEY, {}))
+    run_before = shared.get(RUN_COUNT_KEY, 0)
     passes, inputs = counter.passes, counter.inputs
     start = clock.now()
     with counter.counting():
@@ -406,8 +427,8 @@ def _evaluate_counted(
                 _evaluate(name, evaluator, methods, results, context, errors, stage)
     seconds = clock.now() - start
     inputs = counter.inputs - inputs
-    cache_inputs = trace.shared.get(RUN_COUNT_KEY, 0) - run_before
-    new_keys = len(trace.shared.get(CACHE_KEY, {})) - cached
+    cache_inputs = shared.get(RUN_COUNT_KEY, 0) - run_before
+    new_keys = len(shared.get(CACHE_KEY, {})) - cached
     return Cost(seconds, counter.passes - passes, inputs, new_keys + inputs - cache_inputs)
 
 
