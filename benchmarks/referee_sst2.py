@@ -1,37 +1,48 @@
-"""Which faithfulness numbers to believe on MiniLM and SST-2: the evaluators judged.
+"""Which faithfulness numbers to believe on MiniLM, SST-2 and HateXplain: the evaluators judged.
 
-    python benchmarks/referee_sst2.py [--limit 64] [--max-tokens 10] [--device cpu]
+    python benchmarks/referee_sst2.py [--dataset sst2|hatexplain] [--limit 64]
+        [--max-tokens 10] [--masking 0.1] [--device cpu]
 
-1. Model: MiniLM-L6 fine-tuned on 20,000 SST-2 train sentences, exactly as
-   benchmarks/evaluators.py makes it (the same cache entry).
-2. Data: the first ``--limit`` SST-2 dev sentences (../shared/data/sst2) of at most
-   ``--max-tokens`` word pieces, written to a temporary TSV, so that Normalized AOPC's bounds
-   are exact (the paper's exact setting is its short inputs too).
+1. Model: MiniLM-L6 fine-tuned on 20,000 SST-2 train sentences (``sst2``, the same cache
+   entry as benchmarks/evaluators.py) or on the HateXplain test split (``hatexplain``, 2
+   epochs, as benchmarks/evaluators.py's plausibility part); and its masked fine-tune on the
+   same data (``finetune --masking``, share ``--masking``), the in-distribution scorer.
+2. Data: the first ``--limit`` SST-2 dev sentences or HateXplain val posts (../shared/data) of
+   at most ``--max-tokens`` word pieces, written to a temporary folder, so that Normalized
+   AOPC's bounds are exact (the paper's exact setting is its short inputs too).
 3. One run: the default methods plus DecompX and Integrated Gradients (20 steps), scored by
    every faithfulness evaluator as it is, by comprehensiveness and sufficiency normalised
    (``normalise=naopc``) over the default ratios and over every k (``ratios=all``, the paper's
-   AOPC), and by the removal evaluators with the masked fine-tuned scorer (``scorer=``) where
-   the installed evaluators offer it.
+   AOPC), and by every evaluator that takes ``scorer=`` with the masked fine-tune.
 4. The meta-evaluation (``attrib_bench.meta``) of the same evaluators, on the synthetic
    bag-of-tokens model and on this model, base ``saliency``.
-5. Writes benchmarks/results/referee_sst2.{json,md}: the leaderboards, which method rankings
-   normalisation changes (Kendall tau of the rankings, each method's move), the meta-evaluation
-   and the evaluator agreement matrix.
+5. Writes benchmarks/results/referee_{sst2,hatexplain}.{json,md}: the leaderboards, which
+   method rankings normalisation changes (Kendall tau of the rankings, each method's move), the
+   meta-evaluation and the evaluator agreement matrix.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
+import os
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import attrib_bench
 from attrib_bench.core.plugin_info import evaluator_info
 from attrib_bench.core.registry import load_registry
-from attrib_bench.model.finetune import FinetuneConfig, default_model_source, finetune
+from attrib_bench.model.finetune import (
+    METADATA_FILE,
+    FinetuneConfig,
+    default_model_source,
+    finetune,
+)
 from attrib_bench.model.load import load_model
 
 REGISTRY = load_registry()
@@ -45,17 +56,20 @@ NAOPC = [f"{e}:normalise=naopc" for e in AOPC]
 ALL_STEPS = [f"{e}:ratios=all" for e in AOPC] + [f"{e}:ratios=all,normalise=naopc" for e in AOPC]
 
 
-def sst2_model(device: str) -> str:
-    config = FinetuneConfig(
-        model=default_model_source(), dataset=str(DATA / "sst2"), split="train", limit=20000
-    )
-    return str(finetune(config, device=device, architectures=ARCHITECTURES))
+@dataclass(frozen=True)
+class Task:
+    """A dataset the referee runs on: how its model is fine-tuned, and how its short examples
+    are written to a temporary folder (returning the dataset path and how many were read)."""
+
+    name: str
+    training: FinetuneConfig
+    model_text: str
+    data_text: str
+    short_examples: Callable[[object, int, int, Path], tuple[Path, int]]
 
 
-def short_sentences(model: str, limit: int, max_tokens: int, folder: Path) -> tuple[Path, int]:
-    """The first ``limit`` dev sentences of at most ``max_tokens`` word pieces, as a TSV; and
-    how many dev sentences were read to find them."""
-    tokenizer = load_model(model, "cpu", architectures=ARCHITECTURES).tokenizer
+def sst2_sentences(tokenizer, limit: int, max_tokens: int, folder: Path) -> tuple[Path, int]:
+    """The first ``limit`` dev sentences of at most ``max_tokens`` word pieces, as a TSV."""
     kept, read = [], 0
     with open(DATA / "sst2" / "dev.tsv", newline="") as handle:
         for row in csv.DictReader(handle, delimiter="\t"):
@@ -70,6 +84,68 @@ def short_sentences(model: str, limit: int, max_tokens: int, folder: Path) -> tu
         writer.writeheader()
         writer.writerows({"sentence": r["sentence"], "label": r["label"]} for r in kept)
     return path, read
+
+
+def hatexplain_posts(tokenizer, limit: int, max_tokens: int, folder: Path) -> tuple[Path, int]:
+    """The first ``limit`` val posts of at most ``max_tokens`` word pieces, as an ERASER folder
+    (their annotation lines and documents, unchanged)."""
+    source = DATA / "hatexplain_eraser"
+    with open(source / "docs.jsonl") as handle:
+        documents = {r["docid"]: r for r in map(json.loads, handle)}
+    kept, read = [], 0
+    with open(source / "val.jsonl") as handle:
+        for line in handle:
+            read += 1
+            post = json.loads(line)
+            text = documents[post["annotation_id"]]["document"]
+            if len(tokenizer.tokenize(text)) <= max_tokens:
+                kept.append(post)
+            if len(kept) == limit:
+                break
+    target = folder / "hatexplain"
+    target.mkdir()
+    (target / "val.jsonl").write_text("".join(json.dumps(p) + "\n" for p in kept))
+    lines = [json.dumps(documents[p["annotation_id"]]) + "\n" for p in kept]
+    (target / "docs.jsonl").write_text("".join(lines))
+    return target, read
+
+
+TASKS = {
+    "sst2": Task(
+        "sst2",
+        FinetuneConfig(
+            model=default_model_source(), dataset=str(DATA / "sst2"), split="train", limit=20000
+        ),
+        "MiniLM-L6 fine-tuned on 20,000 SST-2 train sentences",
+        "SST-2 dev sentences",
+        sst2_sentences,
+    ),
+    "hatexplain": Task(
+        "hatexplain",
+        FinetuneConfig(
+            model=default_model_source(),
+            dataset=str(DATA / "hatexplain_eraser"),
+            split="test",
+            epochs=2,
+        ),
+        "MiniLM-L6 fine-tuned on the HateXplain test split (2 epochs, toxic/non-toxic)",
+        "HateXplain val posts",
+        hatexplain_posts,
+    ),
+}
+
+
+def trained(config: FinetuneConfig, device: str) -> str:
+    return str(finetune(config, device=device, architectures=ARCHITECTURES))
+
+
+def scorer_summary(scorer: str | None) -> dict | None:
+    """The masked fine-tune's share erased and its held-out accuracy beside the model's."""
+    if scorer is None:
+        return None
+    metadata = json.loads((Path(scorer) / METADATA_FILE).read_text())
+    keys = ("eval_split", "original_eval_accuracy", "eval_accuracy")
+    return {"masking": metadata["config"]["masking"], **{k: metadata.get(k) for k in keys}}
 
 
 def faithfulness_evaluators(scorer: str | None) -> tuple[list[str], list[str]]:
@@ -87,11 +163,24 @@ def faithfulness_evaluators(scorer: str | None) -> tuple[list[str], list[str]]:
 
 
 def summaries(document: dict) -> dict:
-    """The run without its per-example values: the committed file stays small."""
+    """The run without its per-example values, its paired comparisons and its agreement
+    between methods (the tables here do not read them): the committed file stays small."""
     for method in document["methods"].values():
         method.pop("per_example", None)
-    document.pop("example_ids", None)
+    for key in ("example_ids", "paired", "agreement"):
+        document.pop(key, None)
     return document
+
+
+def label(spec: str) -> str:
+    """An evaluator's spec as the tables show it: the scorer's cache path as ``masked``."""
+    name, _, params = spec.partition(":")
+    shown = [
+        "scorer=masked" if part.startswith("scorer=") else part
+        for part in params.split(",")
+        if part
+    ]
+    return ":".join([name, ",".join(shown)]) if shown else name
 
 
 def fmt(score) -> str:
@@ -110,19 +199,21 @@ def ranking(result, evaluator: str) -> list[str]:
 def markdown(document: dict, result, meta, raw: list[str], scored: list[str]) -> str:
     data = document["data"]
     lines = [
-        f"{document['model']}; the first {data['examples']} SST-2 dev sentences of at most "
-        f"{data['max_tokens']} word pieces ({data['dev_read']} dev sentences read to find "
-        "them), so every Normalized AOPC bound is exact. Removal: [MASK]; the last "
+        f"{document['model']}; the first {data['examples']} {data['name']} of at most "
+        f"{data['max_tokens']} word pieces ({data['read']} read to find them), so every "
+        "Normalized AOPC bound is exact. Removal: [MASK]; the last "
         "aggregated row of each method; mean [95% bootstrap CI]. Run "
         f"{document['seconds']['run']:.0f} s, meta-evaluation {document['seconds']['meta']:.0f} "
-        "s (2-core CPU).",
+        f"s (2-core CPU; 1-minute load average {document['load_average']['before'][0]:.1f} "
+        f"before, {document['load_average']['after'][0]:.1f} after).",
+        *scorer_line(document["scorer"]),
         "",
         "## Leaderboards",
         "",
     ]
     columns = [*raw, *NAOPC, *ALL_STEPS, *scored]
     lines += [
-        "| method | " + " | ".join(f"`{c}`" for c in columns) + " |",
+        "| method | " + " | ".join(f"`{label(c)}`" for c in columns) + " |",
         "|---|" + "---|" * len(columns),
     ]
     for spec in ranking(result, "comprehensiveness"):
@@ -172,11 +263,11 @@ def markdown(document: dict, result, meta, raw: list[str], scored: list[str]) ->
         ]
         for name, row in run.evaluators.items():
             if row.status != "ok":
-                lines.append(f"| `{name}` | {row.status}: {row.error} | | | | | |")
+                lines.append(f"| `{label(name)}` | {row.status}: {row.error} | | | | | |")
                 continue
             example, corpus = row.tau_example, row.tau_corpus
             lines.append(
-                f"| `{name}` | {interval(example.get('mean'), example.get('ci95'))} | "
+                f"| `{label(name)}` | {interval(example.get('mean'), example.get('ci95'))} | "
                 f"{interval(corpus.get('value'), corpus.get('ci95'))} | "
                 f"{'yes' if row.base_best else 'no'} | {'**yes**' if row.flagged else 'no'} | "
                 f"{row.cost.seconds:.1f} | {row.cost.inputs} / {row.cost.distinct} |"
@@ -196,8 +287,24 @@ def markdown(document: dict, result, meta, raw: list[str], scored: list[str]) ->
         ]
         for i, name in enumerate(names):
             cells = [f"{v:+.2f}" if v == v else "-" for v in matrix[i]]
-            lines.append(f"| {i + 1} `{name}` | " + " | ".join(cells) + " |")
+            lines.append(f"| {i + 1} `{label(name)}` | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def accuracy(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:.4f}"
+
+
+def scorer_line(scorer: dict | None) -> list[str]:
+    if scorer is None:
+        return []
+    return [
+        "",
+        f"`scorer=masked`: the model fine-tuned again with {scorer['masking']:g} of each "
+        "input's tokens erased at every step (`finetune --masking`); held-out accuracy on "
+        f"{scorer['eval_split']} {accuracy(scorer['original_eval_accuracy'])} before, "
+        f"{accuracy(scorer['eval_accuracy'])} after.",
+    ]
 
 
 def interval(value, ci) -> str:
@@ -208,17 +315,29 @@ def interval(value, ci) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", choices=sorted(TASKS), default="sst2")
     parser.add_argument("--limit", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=10)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--scorer", help="a masked fine-tuned copy of the model (scorer=)")
+    parser.add_argument(
+        "--masking",
+        type=float,
+        default=0.1,
+        help="the share erased by the masked fine-tune that scores the scorer= evaluators "
+        "(F-Fidelity's 0.1); 0: no scorer= evaluators",
+    )
     args = parser.parse_args()
-    model = sst2_model(args.device)
-    raw, scored = faithfulness_evaluators(args.scorer)
+    task = TASKS[args.dataset]
+    load_before = list(os.getloadavg())
+    model = trained(task.training, args.device)
+    masked = dataclasses.replace(task.training, model=model, masking=args.masking)
+    scorer = trained(masked, args.device) if args.masking else None
+    raw, scored = faithfulness_evaluators(scorer)
     evaluators = raw + NAOPC + ALL_STEPS + scored
     methods = list(REGISTRY.defaults("attributors")) + EXTRA_METHODS
+    tokenizer = load_model(model, "cpu", architectures=ARCHITECTURES).tokenizer
     with tempfile.TemporaryDirectory() as folder:
-        data, read = short_sentences(model, args.limit, args.max_tokens, Path(folder))
+        data, read = task.short_examples(tokenizer, args.limit, args.max_tokens, Path(folder))
         common = dict(model=model, dataset=str(data), device=args.device, seed=0)
         start = time.perf_counter()
         result = attrib_bench.run(
@@ -235,16 +354,23 @@ def main() -> None:
         meta_seconds = time.perf_counter() - start
         run_document = summaries(json.loads((Path(folder) / "run.json").read_text()))
     document = {
-        "model": "MiniLM-L6 fine-tuned on 20,000 SST-2 train sentences",
-        "data": {"dev_read": read, "examples": args.limit, "max_tokens": args.max_tokens},
+        "model": task.model_text,
+        "scorer": scorer_summary(scorer),
+        "load_average": {"before": load_before, "after": list(os.getloadavg())},
+        "data": {
+            "name": task.data_text,
+            "read": read,
+            "examples": len(result.example_ids),
+            "max_tokens": args.max_tokens,
+        },
         "seconds": {"run": run_seconds, "meta": meta_seconds},
         "run": run_document,
         "meta": meta.to_document(),
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "referee_sst2.json").write_text(json.dumps(document, indent=1) + "\n")
+    (RESULTS / f"referee_{task.name}.json").write_text(json.dumps(document, indent=1) + "\n")
     text = markdown(document, result, meta, raw, scored)
-    (RESULTS / "referee_sst2.md").write_text(text)
+    (RESULTS / f"referee_{task.name}.md").write_text(text)
     print(text)
 
 
