@@ -11,12 +11,15 @@ batch. Per method: one ``trace_batch`` and ``attribute`` (the method's own cost)
 evaluator's ``score`` on a fresh trace (nothing memoised carries over: sensitivity-avg and
 local-lipschitz share sensitivity-max's re-attributions in a run, so they cost nothing more
 there). Wall-clock seconds of one run each, divided by the examples; a shared CPU makes them
-rough.
+rough. Prints the tables and writes them to benchmarks/results/robustness_cost.md with the
+machine's load.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import tempfile
 import time
 from pathlib import Path
@@ -47,6 +50,8 @@ def main() -> None:
     architectures = registry.architecture_specs()
     data = load_examples("default", split="test", limit=args.limit)
     folders = {}
+    lines: list[str] = []
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             folders[name] = (
@@ -59,8 +64,11 @@ def main() -> None:
             batches, _ = make_batches(data.examples, loaded.tokenizer, args.limit, 128)
             batch = batches[0].to(loaded.device)
             count = len(batch.examples)
-            print(f"\n{name}: {count} examples, {batch.input_ids_BN.shape[1]} tokens padded")
-            print(f"{'method':32} {'attribute':>10} " + " ".join(f"{e:>16}" for e in EVALUATORS))
+            lines += [
+                f"\n{name}: {count} examples, {batch.input_ids_BN.shape[1]} tokens padded",
+                f"{'method':32} {'attribute':>10} " + " ".join(f"{e:>16}" for e in EVALUATORS),
+            ]
+            print("\n".join(lines[-2:]))
             for spec in args.methods.split(","):
                 method = registry.attributor(spec)
                 start = time.perf_counter()
@@ -77,7 +85,16 @@ def main() -> None:
                     evaluator.score(attribution, context)
                     seconds = (time.perf_counter() - start) / count
                     cells.append(f"{seconds:8.3f} ({seconds / own:4.0f}x)")
-                print(f"{spec:32} {own:10.4f} " + " ".join(f"{c:>16}" for c in cells))
+                lines.append(f"{spec:32} {own:10.4f} " + " ".join(f"{c:>16}" for c in cells))
+                print(lines[-1])
+    header = (
+        f"Seconds per example (and the ratio to the method's own attribution), samples="
+        f"{args.samples}, device {args.device} ({platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores); 1-minute load average {load_before[0]:.1f} before, "
+        f"{os.getloadavg()[0]:.1f} after.\n\n```"
+    )
+    results = Path(__file__).parent / "results" / "robustness_cost.md"
+    results.write_text(header + "\n".join(lines) + "\n```\n")
 
 
 if __name__ == "__main__":
