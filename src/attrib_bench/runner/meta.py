@@ -543,7 +543,7 @@ ONLY = ("synthetic", "model")
 def scored_by_copy(evaluator: Any) -> bool:
     """Whether the evaluator scores with a ``scorer=`` model: a fine-tune of the run's model,
     which cannot score the synthetic model's inputs in its place, so it is left out there."""
-    return bool(getattr(evaluator, "params", {}).get("scorer"))
+    return bool((evaluator_info(evaluator).settings or {}).get("scorer"))
 
 
 def meta(
