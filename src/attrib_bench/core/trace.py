@@ -38,6 +38,9 @@ class Trace:
     - ``graph_logits_BC`` / ``graph_layers``: with ``embedding_graph`` required, the target
       logits and the attribution layers' outputs by name (``embeddings``, ``word_embeddings``)
       still joined by the forward pass's autograd graph, until ``release_graph``.
+    - ``graph_attentions``: with ``embedding_graph`` and ``attentions`` both required, the
+      attention probabilities (L tensors (B, H, N, K)) still in that graph, for methods that
+      differentiate with respect to them (``attrib_bench.toolkit.graph_gradients``).
     - ``plugin_fields``: the captured fields plugins registered, by name (read them with
       ``need(name)``).
     - ``shared``: a per-batch memo so methods of one family compute shared pieces once.
@@ -56,6 +59,7 @@ class Trace:
     pre_ln2: tuple[torch.Tensor, ...] = ()
     graph_logits_BC: torch.Tensor | None = None
     graph_layers: dict[str, torch.Tensor] = field(default_factory=dict)
+    graph_attentions: tuple[torch.Tensor, ...] = ()
     shared: dict[str, Any] = field(default_factory=dict)
     #: The run's seed, for methods with randomness (baselines, sampling).
     seed: int = 0
@@ -154,6 +158,7 @@ class Trace:
         so that it does not outlive its batch's attributions."""
         self.graph_logits_BC = None
         self.graph_layers = {}
+        self.graph_attentions = ()
 
 
 def default_target_position(loaded: LoadedModel | None) -> str:

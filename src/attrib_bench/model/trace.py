@@ -165,6 +165,7 @@ def trace_batch(
         attentions=tuple(a.detach() for a in out.attentions or ()),
         graph_logits_BC=logits_BC if graph else None,
         graph_layers=graph_layers,
+        graph_attentions=tuple(out.attentions or ()) if graph else (),
         values=tuple(captured["values"]),
         pre_ln1=tuple(captured["pre_ln1"]),
         pre_ln2=tuple(captured["pre_ln2"]),
