@@ -1,6 +1,6 @@
-"""The attention x gradient methods against their compute floor (issue 32, "Speed and memory").
+"""The single-backward methods against their compute floor (issue 32, "Speed and memory").
 
-    python benchmarks/attention_gradient_cost.py [--limit 64] [--batch-size 16] [--rounds 5]
+    python benchmarks/backward_cost.py [--limit 64] [--batch-size 16] [--rounds 5]
 
 Model: MiniLM-L6 fine-tuned on 20,000 SST-2 train sentences (the cache entry
 benchmarks/referee_sst2.py and benchmarks/evaluators.py use). Data: the first ``--limit`` SST-2
@@ -11,11 +11,14 @@ round so the settings share the machine's load, times over all batches:
   with respect to the embedding output, under sdpa attention and under eager attention (the
   methods need the attention probabilities, which only eager attention materialises; the
   backward then also reaches them);
-- each method as the runner runs it alone: ``trace_batch`` with its fields, then ``attribute``;
-- all three on one trace (one shared backward pass).
+- each method as the runner runs it alone: ``trace_batch`` with its fields, then ``attribute``
+  (the attention x gradient methods backpropagate through the traced pass; the LRP methods run
+  a pass of their own with their rules, after a traced pass that captures nothing);
+- the three attention x gradient methods on one trace (one shared backward pass);
+- the LRP methods' own pass alone, on traces made beforehand.
 
 Reports the median seconds over rounds and the ratios to each floor; writes
-benchmarks/results/attention_gradient_cost.{json,md} with the machine's load.
+benchmarks/results/backward_cost.{json,md} with the machine's load.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ from attrib_bench.data.load import load_examples
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
 
-METHODS = ("gae", "grad-sam", "attention-x-gradient")
+ATTENTION_GRADIENT = ("gae", "grad-sam", "attention-x-gradient")
+METHODS = (*ATTENTION_GRADIENT, "cp-lrp", "attnlrp")
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -72,6 +76,13 @@ def methods_alone(loaded, batches, names: tuple[str, ...]) -> None:
         trace.release_graph()
 
 
+def attribute_only(traces, name: str) -> None:
+    """``name``'s ``attribute`` on traces made beforehand (a method that runs its own pass)."""
+    attributor = REGISTRY.attributor(name)
+    for trace in traces:
+        attributor.attribute(trace)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=64)
@@ -84,11 +95,18 @@ def main() -> None:
     loaded = load_model(model, "cpu", architectures=ARCHITECTURES)
     data = load_examples(TASKS["sst2"].training.dataset, "dev", limit=args.limit)
     batches, _ = make_batches(data.examples, loaded.tokenizer, args.batch_size, 128)
+    bare = [trace_batch(loaded, batch, frozenset()) for batch in batches]
     settings: dict[str, Callable[[], None]] = {
         "floor (sdpa)": lambda: floor(loaded, batches, FAST),
         "floor (eager)": lambda: floor(loaded, batches, EAGER),
         **{name: (lambda name=name: methods_alone(loaded, batches, (name,))) for name in METHODS},
-        "all three, one trace": lambda: methods_alone(loaded, batches, METHODS),
+        "gae, grad-sam, attention-x-gradient on one trace": lambda: methods_alone(
+            loaded, batches, ATTENTION_GRADIENT
+        ),
+        **{
+            f"{name}, its own pass only": (lambda name=name: attribute_only(bare, name))
+            for name in ("cp-lrp", "attnlrp")
+        },
     }
     for run in settings.values():  # warm-up
         run()
@@ -124,8 +142,8 @@ def main() -> None:
             f"{value / median['floor (eager)']:.2f} |"
         )
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "attention_gradient_cost.json").write_text(json.dumps(document, indent=1) + "\n")
-    (RESULTS / "attention_gradient_cost.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / "backward_cost.json").write_text(json.dumps(document, indent=1) + "\n")
+    (RESULTS / "backward_cost.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
