@@ -403,6 +403,133 @@ class GradientShap(_EmbeddingGradient):
         return torch.stack(rows)
 
 
+class _NoiseTunnel(_EmbeddingGradient):
+    """Captum NoiseTunnel over ``saliency`` or ``gradient`` at the attribution layer's output,
+    per example over its real tokens, seeded: Captum adds Gaussian noise to the layer output
+    (token ids take none), computes the base attribution (Captum's InputXGradient or, with
+    ``base=gradient``, its Saliency without the absolute value) at each of ``samples`` noisy
+    copies and combines them per dimension (``nt_type``); ``reduce`` then applies. The noise's
+    standard deviation is ``noise`` times the range (max - min) of the example's layer output
+    over its real tokens, the relative noise level of Smilkov et al. Captum draws the noise
+    from a seed of (run seed, example id), so no example's rows depend on its batch. The noisy
+    copies run in passes of at most ``chunk_tokens`` tokens; Captum draws each pass's noise in
+    turn, so on a hidden size that is not a multiple of 16 (or on a GPU) another budget can
+    draw other noise of the same distribution.
+    """
+
+    nt_type: str
+    in_default_run = False  # samples forward and backward passes per example
+    least_samples = 1
+    parameters = {
+        **_EmbeddingGradient.parameters,
+        "base": "saliency",
+        "samples": 50,
+        "noise": 0.15,
+        "chunk_tokens": 2048,
+    }
+    choices = {**_EmbeddingGradient.choices, "base": ("saliency", "gradient")}
+    parameter_docs = {
+        **_EmbeddingGradient.parameter_docs,
+        "base": "the attribution taken at each noisy copy: saliency (gradient x input at the "
+        "layer) or gradient (the plain gradient)",
+        "samples": "noisy copies of each example (Captum's nt_samples); an integer >= 1",
+        "noise": "the noise's standard deviation as a share of the range (max - min) of the "
+        "example's layer output over its real tokens; >= 0",
+        "chunk_tokens": "the most tokens in one pass (noisy copies of one example); bounds "
+        "memory; an integer >= 1",
+    }
+
+    def validate(self) -> None:
+        if self.params["samples"] < self.least_samples:
+            raise self.out_of_range("samples", f">= {self.least_samples}")
+        if not self.params["noise"] >= 0:  # NaN too
+            raise self.out_of_range("noise", ">= 0")
+        if self.params["chunk_tokens"] < 1:
+            raise self.out_of_range("chunk_tokens", ">= 1")
+
+    def per_dimension(
+        self, trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None
+    ) -> torch.Tensor:
+        from captum.attr import InputXGradient, NoiseTunnel
+        from captum.attr import Saliency as CaptumSaliency
+
+        loaded, batch, layer = trace.loaded, trace.batch, self.layer(trace)
+        forward = _from_layer(loaded, layer)
+        if self.params["base"] == "saliency":
+            tunnel, options = NoiseTunnel(InputXGradient(forward)), {}
+        else:
+            tunnel, options = NoiseTunnel(CaptumSaliency(forward)), {"abs": False}
+        samples = self.params["samples"]
+        rows = []
+        for row in range(batch.input_ids_BN.shape[0]):
+            ids, arguments = example_arguments(trace, row, classes_B, foils_B)
+            args = arguments["additional_forward_args"]
+            output = _layer_output(loaded, layer, ids, args)
+            stdev = self.params["noise"] * float(output.max() - output.min())
+            with seeded(example_seed(0, trace, row), loaded.device):
+                values = tunnel.attribute(
+                    output,
+                    nt_type=self.nt_type,
+                    nt_samples=samples,
+                    nt_samples_batch_size=per_pass(
+                        samples, ids.shape[1], self.params["chunk_tokens"]
+                    ),
+                    stdevs=stdev,
+                    target=arguments["target"],
+                    additional_forward_args=(ids, *args),
+                    **options,
+                )
+            rows.append(_padded(batch, row, values))
+        return torch.stack(rows)
+
+
+class SmoothGrad(_NoiseTunnel):
+    """SmoothGrad: the mean of the base attribution (``saliency`` by default, or ``gradient``)
+    over noisy copies of the attribution layer's output (Captum NoiseTunnel, ``smoothgrad``).
+
+    Reference: Smilkov et al. 2017, "SmoothGrad: removing noise by adding noise",
+    arXiv:1706.03825.
+    """
+
+    name = "smoothgrad"
+    nt_type = "smoothgrad"
+    description = (
+        "SmoothGrad: mean of gradient x input over noisy embeddings (Captum NoiseTunnel; "
+        "samples=50)"
+    )
+
+
+class VarGrad(_NoiseTunnel):
+    """VarGrad: the variance of the base attribution (``saliency`` by default, or ``gradient``)
+    over noisy copies of the attribution layer's output (Captum NoiseTunnel, ``vargrad``: the
+    mean square minus the squared mean, per dimension). A variance over one copy is zero, so
+    ``samples`` is at least 2.
+
+    Reference: Adebayo et al. 2018, "Local Explanation Methods for Deep Neural Networks Lack
+    Sensitivity to Parameter Values", ICLR workshop.
+    """
+
+    name = "vargrad"
+    nt_type = "vargrad"
+    least_samples = 2
+    description = (
+        "VarGrad: variance of gradient x input over noisy embeddings (Captum NoiseTunnel; "
+        "samples=50)"
+    )
+    parameter_docs = {
+        **_NoiseTunnel.parameter_docs,
+        "samples": "noisy copies of each example (Captum's nt_samples); an integer >= 2",
+    }
+
+
 @attrib_bench.hookimpl
 def attrib_bench_attributors() -> list:
-    return [Saliency(), Gradient(), IntegratedGradients(), DeepLift(), GradientShap()]
+    return [
+        Saliency(),
+        Gradient(),
+        IntegratedGradients(),
+        DeepLift(),
+        GradientShap(),
+        SmoothGrad(),
+        VarGrad(),
+    ]
