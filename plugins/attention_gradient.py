@@ -1,9 +1,10 @@
 """Attention x gradient methods (docs/math/attention-gradient.md): the attention probabilities
 of the traced pass weighted by the explained score's gradient with respect to them.
 
-All three read the same two things: the attention probabilities A^l (B, H, N, K) of every layer
-and their gradient, from one backward pass through the trace's own forward pass shared by every
-method that explains the same score on the batch (``attrib_bench.toolkit.graph_gradients``).
+All read the attention probabilities A^l (B, H, N, K) of every layer and gradients of the
+explained score (AttCAT's at the hidden states, the others' at A^l), from one backward pass
+through the trace's own forward pass, shared by every method that explains the same score on
+the batch (``attrib_bench.toolkit.graph_gradients``).
 The score is the run's target score (the predicted class's logit by default; the logit minus
 its foil's under ``score=contrastive``), or the logit of the class ``target=predicted|gold``
 names. The pass runs eager attention, since the probabilities must exist as tensors.
@@ -14,6 +15,9 @@ names. The pass runs eager attention, since the probabilities must exist as tens
   the real query rows of A^l ⊙ ReLU(∇A^l), a score per key token.
 - ``attention-x-gradient``: the target token's row of mean_h (A^l ⊙ ∇A^l), signed, layer by
   layer, not aggregated (its last layer is the one scored).
+- ``attcat``: Qiang et al.'s attentive class activation tokens: per layer, the input hidden
+  state times its gradient, summed over the hidden dimension, times the attention each token
+  receives (mean over heads and real query rows); summed over layers.
 """
 
 from __future__ import annotations
@@ -127,6 +131,35 @@ class AttentionXGradient(_AttentionGradient):
         return Attribution(aggregated_BLN=rows, local_BLN=rows)
 
 
+class AttCAT(_AttentionGradient):
+    """AttCAT, as the official code computes it: for each layer l, with h^l its input hidden
+    states (``hidden_states[l - 1]``), CAT^l_i = sum_d h^l_id ∂s/∂h^l_id, weighted by the mean
+    over heads and real query rows of the attention token i receives in layer l; summed over
+    the layers (aggregated at layer l: the sum over layers 1..l; local: layer l's term).
+
+    Reference: Qiang et al. 2022, "AttCAT: Explaining Transformers via Attentive Class
+    Activation Tokens", NeurIPS.
+    """
+
+    name = "attcat"
+    description = "AttCAT (Qiang et al. 2022): hidden state x gradient, weighted by attention"
+    requires = frozenset({"attentions", "hidden_states", "embedding_graph"})
+
+    def attribute(self, trace: Trace) -> Attribution:
+        classes_B, foils_B = explained_classes(trace, self.params["target"])
+        gradients = graph_gradients(trace, classes_B, foils_B).hidden_states
+        real_BN = trace.mask_BN.to(trace.graph_attentions[0].dtype)
+        queries_B = real_BN.sum(dim=1)
+        terms = []
+        for layer, (attention, _) in enumerate(weighted_attentions(trace, self.params["target"])):
+            received_BN = attention.mean(dim=1).sum(dim=1) / queries_B[:, None]
+            hidden = trace.graph_hidden_states[layer].detach()
+            cat_BN = (gradients[layer] * hidden).sum(dim=-1) * real_BN
+            terms.append(cat_BN * received_BN)
+        local = torch.stack(terms, dim=1)
+        return Attribution(aggregated_BLN=local.cumsum(dim=1), local_BLN=local)
+
+
 @attrib_bench.hookimpl
 def attrib_bench_attributors() -> list:
-    return [GenericAttentionExplainability(), GradSAM(), AttentionXGradient()]
+    return [GenericAttentionExplainability(), GradSAM(), AttentionXGradient(), AttCAT()]

@@ -15,13 +15,14 @@ from attrib_bench.model.trace import trace_batch
 from attrib_bench.testing import check_attributor
 from attrib_bench.toolkit import graph_gradients as graph_gradients_module
 from attrib_bench_plugins.attention_gradient import (
+    AttCAT,
     AttentionXGradient,
     GenericAttentionExplainability,
     GradSAM,
 )
 
-REQUIRES = frozenset({"attentions", "embedding_graph"})
-METHODS = (GenericAttentionExplainability(), GradSAM(), AttentionXGradient())
+REQUIRES = frozenset({"attentions", "hidden_states", "embedding_graph"})
+METHODS = (GenericAttentionExplainability(), GradSAM(), AttentionXGradient(), AttCAT())
 
 
 @pytest.fixture(scope="module", params=["bert", "llama", "gpt2"])
@@ -37,18 +38,32 @@ def loaded64(request, tiny_bert, tmp_path_factory):
 
 def attentions_and_gradients(loaded, ids_N: torch.Tensor, position: int, label: int):
     """One unpadded example's attention probabilities and the gradient of the explained logit
-    at them, layer by layer, (H, n, n) each, from the model called directly."""
+    at them, layer by layer, (H, n, n) each, and each layer's input hidden states and the
+    gradient at them, (n, D) each, from the model called directly."""
     lookup = loaded.model.get_input_embeddings()  # frozen weights: start the graph there
     handle = lookup.register_forward_hook(lambda _m, _i, output: output.requires_grad_())
     try:
         with attention_implementation(loaded.model, EAGER):
-            out = loaded.model(input_ids=ids_N[None], output_attentions=True)
+            out = loaded.model(
+                input_ids=ids_N[None], output_attentions=True, output_hidden_states=True
+            )
     finally:
         handle.remove()
     logits = out.logits[0] if loaded.is_language_model else out.logits
     logit = logits[position, label] if loaded.is_language_model else logits[0, label]
-    gradients = torch.autograd.grad(logit, out.attentions)
-    return [(a[0].detach(), g[0]) for a, g in zip(out.attentions, gradients, strict=True)]
+    layers = len(out.attentions)
+    inputs = (*out.attentions, *out.hidden_states[:layers])
+    gradients = torch.autograd.grad(logit, inputs)
+    return [
+        (a[0].detach(), g[0], h[0].detach(), hg[0])
+        for a, g, h, hg in zip(
+            out.attentions,
+            gradients[:layers],
+            out.hidden_states[:layers],
+            gradients[layers:],
+            strict=True,
+        )
+    ]
 
 
 def reference_rows(loaded, trace) -> dict[str, list[torch.Tensor]]:
@@ -63,18 +78,22 @@ def reference_rows(loaded, trace) -> dict[str, list[torch.Tensor]]:
         n = len(ids_N)
         relevance = torch.eye(n, dtype=torch.float64)
         sam = torch.zeros(n, dtype=torch.float64)
-        for attention, gradient in layers:
+        cat = torch.zeros(n, dtype=torch.float64)
+        for attention, gradient, hidden, hidden_gradient in layers:
             heads = attention.shape[0]
             cam = sum((gradient[h] * attention[h]).clamp(min=0) for h in range(heads)) / heads
             relevance = relevance + cam @ relevance
             for h in range(heads):
                 sam += (attention[h] * gradient[h].clamp(min=0)).sum(dim=0)
+            received = attention.mean(dim=0).mean(dim=0)  # official: heads, then query rows
+            cat += (hidden_gradient * hidden).sum(dim=-1) * received
         sam /= len(layers) * layers[0][0].shape[0] * n
-        attention, gradient = layers[-1]
+        attention, gradient = layers[-1][:2]
         last = (attention * gradient).mean(dim=0)[position]
         out["gae"].append(relevance[position])
         out["grad-sam"].append(sam)
         out["attention-x-gradient"].append(last)
+        out["attcat"].append(cat)
     return out
 
 

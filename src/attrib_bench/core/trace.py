@@ -40,7 +40,9 @@ class Trace:
       still joined by the forward pass's autograd graph, until ``release_graph``.
     - ``graph_attentions``: with ``embedding_graph`` and ``attentions`` both required, the
       attention probabilities (L tensors (B, H, N, K)) still in that graph, for methods that
-      differentiate with respect to them (``attrib_bench.toolkit.graph_gradients``).
+      differentiate with respect to them (``attrib_bench.toolkit.graph_gradients``);
+      ``graph_hidden_states`` likewise the hidden states (L + 1 tensors (B, N, D), Hugging
+      Face's, the last one after a pre-LN model's final norm) when ``hidden_states`` is required.
     - ``plugin_fields``: the captured fields plugins registered, by name (read them with
       ``need(name)``).
     - ``shared``: a per-batch memo so methods of one family compute shared pieces once.
@@ -60,6 +62,7 @@ class Trace:
     graph_logits_BC: torch.Tensor | None = None
     graph_layers: dict[str, torch.Tensor] = field(default_factory=dict)
     graph_attentions: tuple[torch.Tensor, ...] = ()
+    graph_hidden_states: tuple[torch.Tensor, ...] = ()
     shared: dict[str, Any] = field(default_factory=dict)
     #: The run's seed, for methods with randomness (baselines, sampling).
     seed: int = 0
@@ -159,6 +162,7 @@ class Trace:
         self.graph_logits_BC = None
         self.graph_layers = {}
         self.graph_attentions = ()
+        self.graph_hidden_states = ()
 
 
 def default_target_position(loaded: LoadedModel | None) -> str:

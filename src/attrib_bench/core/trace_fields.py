@@ -101,8 +101,9 @@ BUILTIN_FIELDS: tuple[TraceField, ...] = (
         "not detached) and trace.graph_layers['embeddings' | 'word_embeddings'] "
         "(LoadedModel.embeddings' and the word-embedding lookup's outputs, (B, N, D)), so a "
         "gradient method backpropagates through the trace's own pass (retain_graph=True); "
-        "with attentions also required, trace.graph_attentions (the attention probabilities "
-        "in the graph); released once every method has read the batch",
+        "with attentions or hidden_states also required, trace.graph_attentions and "
+        "trace.graph_hidden_states (the same tensors still in the graph); released once every "
+        "method has read the batch",
     ),
 )
 #: What a trace can hold without plugins; an attributor's ``requires`` is a subset of these and

@@ -166,6 +166,7 @@ def trace_batch(
         graph_logits_BC=logits_BC if graph else None,
         graph_layers=graph_layers,
         graph_attentions=tuple(out.attentions or ()) if graph else (),
+        graph_hidden_states=tuple(out.hidden_states or ()) if graph else (),
         values=tuple(captured["values"]),
         pre_ln1=tuple(captured["pre_ln1"]),
         pre_ln2=tuple(captured["pre_ln2"]),

@@ -21,12 +21,13 @@ if TYPE_CHECKING:
 
 
 class GraphGradients(NamedTuple):
-    """The explained score's gradient at each graph layer's output, by name (B, N, D), and at
-    each layer's attention probabilities (L tensors (B, H, N, K); empty when the trace kept
-    none)."""
+    """The explained score's gradient at each graph layer's output, by name (B, N, D), at each
+    layer's attention probabilities (L tensors (B, H, N, K)) and at the hidden states (L + 1
+    tensors (B, N, D)); the last two empty when the trace kept none."""
 
     layers: dict[str, torch.Tensor]
     attentions: tuple[torch.Tensor, ...]
+    hidden_states: tuple[torch.Tensor, ...]
 
 
 def graph_gradients(
@@ -41,12 +42,20 @@ def graph_gradients(
     def compute() -> GraphGradients:
         logits_BC, layers = trace.need("embedding_graph")
         names = sorted(layers)
-        inputs = [layers[name] for name in names] + list(trace.graph_attentions)
+        attentions, hidden = list(trace.graph_attentions), list(trace.graph_hidden_states)
+        inputs = [layers[name] for name in names] + attentions + hidden
         score = target_score(logits_BC, classes_B, foils_B).sum()
-        gradients = torch.autograd.grad(score, inputs, retain_graph=True)
+        # A pre-LN model's last hidden state (after the final norm) may not reach the score of
+        # a head that reads the norm's input: its gradient is then zero, not an error.
+        gradients = torch.autograd.grad(score, inputs, retain_graph=True, allow_unused=True)
+        gradients = [
+            torch.zeros_like(t) if g is None else g for t, g in zip(inputs, gradients, strict=True)
+        ]
+        split = len(names) + len(attentions)
         return GraphGradients(
             dict(zip(names, gradients[: len(names)], strict=True)),
-            tuple(gradients[len(names) :]),
+            tuple(gradients[len(names) : split]),
+            tuple(gradients[split:]),
         )
 
     return trace.memo(key, compute)
