@@ -28,7 +28,6 @@ import torch
 
 import attrib_bench
 from attrib_bench import Attribution, Batch, Configurable, Trace
-from attrib_bench.core.target import target_score
 from attrib_bench.toolkit.budget import per_pass
 from attrib_bench.toolkit.captum_inputs import (
     example_arguments,
@@ -37,6 +36,7 @@ from attrib_bench.toolkit.captum_inputs import (
     scored_forward,
     seeded,
 )
+from attrib_bench.toolkit.graph_gradients import graph_gradients
 
 if TYPE_CHECKING:  # model.load imports transformers, which `attrib-bench list` does without
     from attrib_bench.core.loaded_model import LoadedModel
@@ -156,20 +156,6 @@ class _EmbeddingGradient(Configurable, ABC):
         return Attribution(aggregated_BLN=scores_BN[:, None, :])
 
 
-def _gradient_and_activation(
-    trace: Trace, layer: str, classes_B: torch.Tensor, foils_B: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The explained score's gradient at the ``layer`` choice's output and that output, (B, N,
-    D) each: one backward pass through the trace's own forward pass (``embedding_graph``), so
-    the floor of one forward and one backward is all these methods cost. The examples' scores
-    are summed, as Captum's LayerGradientXActivation does: each example's gradient is its own."""
-    logits_BC, layers = trace.need("embedding_graph")
-    output = layers[layer]
-    score = target_score(logits_BC, classes_B, foils_B).sum()
-    (gradient,) = torch.autograd.grad(score, output, retain_graph=True)
-    return gradient, output.detach()
-
-
 class Saliency(_EmbeddingGradient):
     """Gradient x input (the GlobEnc reference saliency), equal to Captum's
     LayerGradientXActivation (tests/test_gradient.py).
@@ -177,10 +163,10 @@ class Saliency(_EmbeddingGradient):
     Reference: Shrikumar et al. 2016, "Not Just a Black Box: Learning Important Features
     Through Propagating Activation Differences", arXiv:1605.01713 (gradient x input).
 
-    Both backpropagate through the trace's forward pass, and ``saliency`` and ``gradient`` on
-    one batch share one backward pass (the trace's memo, keyed by everything that changes the
-    gradient: the layer and the explained classes and foils); each is still charged the
-    forward and that backward, as if run alone.
+    Both backpropagate through the trace's forward pass, and on one batch every method that
+    explains the same classes and foils (``saliency``, ``gradient``, the attention x gradient
+    methods) shares one backward pass (``attrib_bench.toolkit.graph_gradients``, at both
+    layers at once); each is still charged the forward and that backward, as if run alone.
     """
 
     name = "saliency"
@@ -191,11 +177,8 @@ class Saliency(_EmbeddingGradient):
     def per_dimension(
         self, trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None
     ) -> torch.Tensor:
-        foils = None if foils_B is None else foils_B.tolist()
-        key = f"gradient/layer-gradient/{self.params['layer']}/{classes_B.tolist()}/{foils}"
-        gradient, activation = trace.memo(
-            key, lambda: _gradient_and_activation(trace, self.params["layer"], classes_B, foils_B)
-        )
+        gradient = graph_gradients(trace, classes_B, foils_B).layers[self.params["layer"]]
+        activation = trace.need("embedding_graph")[1][self.params["layer"]].detach()
         # Captum's LayerGradientXActivation multiplies the same two tensors the same way.
         return gradient * activation if self.multiply_by_inputs else gradient
 

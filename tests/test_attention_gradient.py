@@ -147,3 +147,23 @@ def test_the_aggregated_rows_are_what_each_method_says(tiny_bert):
 @pytest.mark.parametrize("method", METHODS, ids=lambda m: m.name)
 def test_the_kit_accepts_each_method(method):
     check_attributor(method, families=("bert",))
+
+
+def test_saliency_and_gradient_share_the_same_backward_pass(tiny_bert, monkeypatch):
+    """The embedding-layer gradient methods read the same memoised gradients: with the four
+    attention x gradient methods, one call in all, at either layer."""
+    from attrib_bench_plugins.gradient import Gradient, Saliency
+
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
+    trace = trace_batch(loaded, one_batch(loaded, examples()), REQUIRES)
+    calls = []
+    grad = torch.autograd.grad
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return grad(*args, **kwargs)
+
+    monkeypatch.setattr(graph_gradients_module.torch.autograd, "grad", counted)
+    for method in (*METHODS, Saliency(), Gradient().configure({"layer": "word_embeddings"})):
+        method.attribute(trace)
+    assert len(calls) == 1
