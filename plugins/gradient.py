@@ -15,7 +15,9 @@ GlobEnc's), ``sum`` (signed) or ``abs-sum`` (ferret's plain gradient). A contras
 logits' difference) is no single output Captum could select, so the forward function then
 returns the score itself. A language model's logits are read at each example's target position
 (``target_logits``). Nothing but the model's own forward pass is needed, so these methods run on
-any Hugging Face classifier or causal language model.
+any Hugging Face classifier or causal language model. ``cp-lrp`` and ``attnlrp`` are gradient x
+input through a pass of their own whose backward carries the LRP rules
+(``attrib_bench.toolkit.lrp_rules``, docs/math/lrp.md).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from typing import TYPE_CHECKING
 import torch
 
 import attrib_bench
-from attrib_bench import Attribution, Batch, Configurable, Trace
+from attrib_bench import Attribution, Batch, Configurable, Trace, UsageError
+from attrib_bench.core.target import target_score
 from attrib_bench.toolkit.budget import per_pass
 from attrib_bench.toolkit.captum_inputs import (
     example_arguments,
@@ -37,6 +40,7 @@ from attrib_bench.toolkit.captum_inputs import (
     seeded,
 )
 from attrib_bench.toolkit.graph_gradients import graph_gradients
+from attrib_bench.toolkit.lrp_rules import rules
 
 if TYPE_CHECKING:  # model.load imports transformers, which `attrib-bench list` does without
     from attrib_bench.core.loaded_model import LoadedModel
@@ -505,6 +509,69 @@ class VarGrad(_NoiseTunnel):
     }
 
 
+class _LRP(_EmbeddingGradient):
+    """Gradient x input through the variant's rules; relevance summed per token."""
+
+    variant = ""
+    family = "lrp"
+    requires = frozenset()
+    in_default_run = False
+    parameters = {**_EmbeddingGradient.parameters, "reduce": "sum", "layer": "word_embeddings"}
+
+    def per_dimension(
+        self, trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None
+    ) -> torch.Tensor:
+        loaded = trace.loaded
+        layer = _attribution_layer(loaded, self.params["layer"])
+        kept: list[torch.Tensor] = []
+
+        def keep(_m: torch.nn.Module, _i: tuple, output: torch.Tensor) -> None:
+            kept.append(output.requires_grad_() if not output.requires_grad else output)
+
+        handle = layer.register_forward_hook(keep)
+        try:
+            with torch.enable_grad(), rules(loaded.model, self.variant) as record:
+                out = loaded.model(**trace.batch.model_inputs())
+                if not record["calls"]:
+                    raise UsageError(
+                        f"{self.name}: {loaded.model.config.model_type} does not run its "
+                        "attention through transformers' attention interface, so the rules "
+                        "cannot reach it"
+                    )
+                logits_BC = loaded.target_logits(out.logits, trace.target_positions_B)
+                score = target_score(logits_BC, classes_B, foils_B).sum()
+                (gradient,) = torch.autograd.grad(score, kept[0])
+        finally:
+            handle.remove()
+        return gradient * kept[0].detach()
+
+
+class CPLRP(_LRP):
+    """CP-LRP: gradient x input with the attention probabilities and the norms' scales held
+    constant in the backward pass (and the identity rule on activations, LXT's efficient mode).
+
+    Reference: Ali et al. 2022, "XAI for Transformers: Better Explanations through Conservative
+    Propagation", ICML.
+    """
+
+    name = "cp-lrp"
+    description = "CP-LRP (Ali et al. 2022): grad x input, softmax and norm scale held constant"
+    variant = "cp"
+
+
+class AttnLRP(_LRP):
+    """AttnLRP in LXT's efficient mode: the identity rule on norms and activations, the uniform
+    rule on the attention's two matrix products and on gated products.
+
+    Reference: Achtibat et al. 2024, "AttnLRP: Attention-Aware Layer-Wise Relevance Propagation
+    for Transformers", ICML.
+    """
+
+    name = "attnlrp"
+    description = "AttnLRP (Achtibat et al. 2024), LXT's efficient rules: one forward, one backward"
+    variant = "attn"
+
+
 @attrib_bench.hookimpl
 def attrib_bench_attributors() -> list:
     return [
@@ -515,4 +582,6 @@ def attrib_bench_attributors() -> list:
         GradientShap(),
         SmoothGrad(),
         VarGrad(),
+        CPLRP(),
+        AttnLRP(),
     ]

@@ -13,7 +13,8 @@ from helpers import ARCHITECTURES, examples, one_batch, save_tiny_decoder
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
 from attrib_bench.testing import check_attributor
-from attrib_bench_plugins.lrp import CPLRP, IDENTITY_EPSILON, AttnLRP, rules
+from attrib_bench.toolkit.lrp_rules import IDENTITY_EPSILON, rules
+from attrib_bench_plugins.gradient import CPLRP, AttnLRP
 
 
 def _load64(directory):

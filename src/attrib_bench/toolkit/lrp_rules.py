@@ -1,10 +1,9 @@
-"""The LRP family for transformers as gradient x input through rule-bearing backward passes
-(docs/math/lrp.md): ``cp-lrp`` (Ali et al. 2022) and ``attnlrp`` (Achtibat et al. 2024).
-
-Both run one forward pass of the batch with the model's modules temporarily given the rules'
-backward (forward values unchanged), then one backward pass of the explained score, and report
-gradient x input at the attribution layer, summed per token: the relevance. The rules, as LXT's
-efficient mode applies them (github.com/rachtibat/LRP-eXplains-Transformers, ``lxt.efficient``):
+"""The LRP rules for transformers as backward passes (docs/math/lrp.md): inside ``rules``, a
+model's forward values are its own and its backward pass carries the rules of CP-LRP (Ali et
+al. 2022, ``cp``) or AttnLRP (Achtibat et al. 2024, ``attn``), so gradient x input is the
+relevance. The built-in ``cp-lrp`` and ``attnlrp`` (attrib_bench_plugins.gradient) use them;
+a third-party LRP variant can too. The rules, as LXT's efficient mode applies them
+(github.com/rachtibat/LRP-eXplains-Transformers, ``lxt.efficient``):
 
 - norms (LayerNorm, RMSNorm): the identity rule, the normalising scale held constant in the
   backward pass (both variants);
@@ -34,10 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-import attrib_bench
-from attrib_bench import Trace, UsageError
-from attrib_bench.core.target import target_score
-from attrib_bench_plugins.gradient import _attribution_layer, _EmbeddingGradient
+from attrib_bench.core.errors import UsageError
 
 #: LXT's stabiliser of the identity rule's ratio f(x) / (x + eps).
 IDENTITY_EPSILON = 1e-10
@@ -182,71 +178,3 @@ def rules(model: nn.Module, variant: str) -> Iterator[dict[str, Any]]:
         for module in patched:
             del module.forward
             module.__dict__.pop("_lrp_original", None)
-
-
-class _LRP(_EmbeddingGradient):
-    """Gradient x input through the variant's rules; relevance summed per token."""
-
-    variant = ""
-    family = "lrp"
-    requires = frozenset()
-    in_default_run = False
-    parameters = {**_EmbeddingGradient.parameters, "reduce": "sum", "layer": "word_embeddings"}
-
-    def per_dimension(
-        self, trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None
-    ) -> torch.Tensor:
-        loaded = trace.loaded
-        layer = _attribution_layer(loaded, self.params["layer"])
-        kept: list[torch.Tensor] = []
-
-        def keep(_m: nn.Module, _i: tuple, output: torch.Tensor) -> None:
-            kept.append(output.requires_grad_() if not output.requires_grad else output)
-
-        handle = layer.register_forward_hook(keep)
-        try:
-            with torch.enable_grad(), rules(loaded.model, self.variant) as record:
-                out = loaded.model(**trace.batch.model_inputs())
-                if not record["calls"]:
-                    raise UsageError(
-                        f"{self.name}: {loaded.model.config.model_type} does not run its "
-                        "attention through transformers' attention interface, so the rules "
-                        "cannot reach it"
-                    )
-                logits_BC = loaded.target_logits(out.logits, trace.target_positions_B)
-                score = target_score(logits_BC, classes_B, foils_B).sum()
-                (gradient,) = torch.autograd.grad(score, kept[0])
-        finally:
-            handle.remove()
-        return gradient * kept[0].detach()
-
-
-class CPLRP(_LRP):
-    """CP-LRP: gradient x input with the attention probabilities and the norms' scales held
-    constant in the backward pass (and the identity rule on activations, LXT's efficient mode).
-
-    Reference: Ali et al. 2022, "XAI for Transformers: Better Explanations through Conservative
-    Propagation", ICML.
-    """
-
-    name = "cp-lrp"
-    description = "CP-LRP (Ali et al. 2022): grad x input, softmax and norm scale held constant"
-    variant = "cp"
-
-
-class AttnLRP(_LRP):
-    """AttnLRP in LXT's efficient mode: the identity rule on norms and activations, the uniform
-    rule on the attention's two matrix products and on gated products.
-
-    Reference: Achtibat et al. 2024, "AttnLRP: Attention-Aware Layer-Wise Relevance Propagation
-    for Transformers", ICML.
-    """
-
-    name = "attnlrp"
-    description = "AttnLRP (Achtibat et al. 2024), LXT's efficient rules: one forward, one backward"
-    variant = "attn"
-
-
-@attrib_bench.hookimpl
-def attrib_bench_attributors() -> list:
-    return [CPLRP(), AttnLRP()]
