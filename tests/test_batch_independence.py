@@ -20,6 +20,8 @@ VARIANTS = [
     "saliency:target=gold,reduce=sum",
     "saliency:layer=word_embeddings,reduce=abs-sum",
     "integrated-gradients:steps=4,chunk_tokens=20",
+    "cp-lrp:layer=embeddings,reduce=l2",
+    "attcat:target=gold",
 ]
 
 
