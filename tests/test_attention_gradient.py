@@ -112,10 +112,13 @@ def test_each_method_equals_its_definition(loaded64):
             assert reference.abs().max() > 0  # the reference is not vacuous
 
 
-def test_the_methods_share_one_backward_pass_per_explained_score(tiny_bert, monkeypatch):
+@pytest.fixture
+def counted_backward(tiny_bert, monkeypatch):
+    """A traced batch of the tiny BERT and the list that grows by one per backward pass
+    ``graph_gradients`` runs."""
     loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
     trace = trace_batch(loaded, one_batch(loaded, examples()), REQUIRES)
-    calls = []
+    calls: list[int] = []
     grad = torch.autograd.grad
 
     def counted(*args, **kwargs):
@@ -123,6 +126,11 @@ def test_the_methods_share_one_backward_pass_per_explained_score(tiny_bert, monk
         return grad(*args, **kwargs)
 
     monkeypatch.setattr(graph_gradients_module.torch.autograd, "grad", counted)
+    return trace, calls
+
+
+def test_the_methods_share_one_backward_pass_per_explained_score(counted_backward):
+    trace, calls = counted_backward
     for method in METHODS:
         method.attribute(trace)
     assert len(calls) == 1
@@ -149,21 +157,12 @@ def test_the_kit_accepts_each_method(method):
     check_attributor(method, families=("bert",))
 
 
-def test_saliency_and_gradient_share_the_same_backward_pass(tiny_bert, monkeypatch):
+def test_saliency_and_gradient_share_the_same_backward_pass(counted_backward):
     """The embedding-layer gradient methods read the same memoised gradients: with the four
     attention x gradient methods, one call in all, at either layer."""
     from attrib_bench_plugins.gradient import Gradient, Saliency
 
-    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
-    trace = trace_batch(loaded, one_batch(loaded, examples()), REQUIRES)
-    calls = []
-    grad = torch.autograd.grad
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return grad(*args, **kwargs)
-
-    monkeypatch.setattr(graph_gradients_module.torch.autograd, "grad", counted)
+    trace, calls = counted_backward
     for method in (*METHODS, Saliency(), Gradient().configure({"layer": "word_embeddings"})):
         method.attribute(trace)
     assert len(calls) == 1
