@@ -52,11 +52,26 @@ METHODS = [
     "deeplift",
     "gradient-shap",
     "occlusion",
+    "gae",
+    "grad-sam",
+    "attention-x-gradient",
+    "attcat",
+    "cp-lrp",
+    "attnlrp",
+    "smoothgrad",
+    "vargrad",
     "random",
 ]
 #: By name only and too slow for all 872 sentences on a CPU (benchmarks/results/method_cost.md:
-#: 160x to 800x a forward pass at n = 32); ``--methods`` runs them.
-LEFT_OUT = ["attention-flow", "kernel-shap", "lime", "shapley-value-sampling"]
+#: 160x to 800x a forward pass at n = 32; sequential IG: 50 steps per token); ``--methods``
+#: runs them.
+LEFT_OUT = [
+    "attention-flow",
+    "kernel-shap",
+    "lime",
+    "shapley-value-sampling",
+    "sequential-integrated-gradients",
+]
 #: DecompX Table 1 (BERT-base, SST-2, [MASK] at 10%..90%): AOPC, by our method names.
 DECOMPX_AOPC = {
     "decompx": 0.627,
