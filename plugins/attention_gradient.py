@@ -35,7 +35,7 @@ def weighted_attentions(trace: Trace, target: str) -> list[tuple[torch.Tensor, t
     """Per layer the attention probabilities and the explained score's gradient at them,
     (B, H, N, K) each, padded query rows and keys zeroed."""
     classes_B, foils_B = explained_classes(trace, target)
-    gradients = graph_gradients(trace, classes_B, foils_B).attentions
+    gradients = graph_gradients(trace, classes_B, foils_B, internals=True).attentions
     keep = pair_mask(trace.mask_BN).bool()[:, None]
     return [
         (torch.where(keep, a.detach(), 0.0), torch.where(keep, g, 0.0))
@@ -147,7 +147,7 @@ class AttCAT(_AttentionGradient):
 
     def attribute(self, trace: Trace) -> Attribution:
         classes_B, foils_B = explained_classes(trace, self.params["target"])
-        gradients = graph_gradients(trace, classes_B, foils_B).hidden_states
+        gradients = graph_gradients(trace, classes_B, foils_B, internals=True).hidden_states
         real_BN = trace.mask_BN.to(trace.graph_attentions[0].dtype)
         queries_B = real_BN.sum(dim=1)
         terms = []

@@ -33,6 +33,7 @@ from attrib_bench import Attribution, Batch, Configurable, Trace, UsageError
 from attrib_bench.core.target import target_score
 from attrib_bench.toolkit.budget import per_pass
 from attrib_bench.toolkit.captum_inputs import (
+    baseline_token,
     example_arguments,
     example_seed,
     explained_classes,
@@ -167,10 +168,11 @@ class Saliency(_EmbeddingGradient):
     Reference: Shrikumar et al. 2016, "Not Just a Black Box: Learning Important Features
     Through Propagating Activation Differences", arXiv:1605.01713 (gradient x input).
 
-    Both backpropagate through the trace's forward pass, and on one batch every method that
-    explains the same classes and foils (``saliency``, ``gradient``, the attention x gradient
-    methods) shares one backward pass (``attrib_bench.toolkit.graph_gradients``, at both
-    layers at once); each is still charged the forward and that backward, as if run alone.
+    Both backpropagate through the trace's forward pass, and on one batch the methods that
+    explain the same classes and foils share one backward pass
+    (``attrib_bench.toolkit.graph_gradients``): ``saliency`` and ``gradient`` at both layers at
+    once, and the attention x gradient methods' pass when one of them ran first; each is still
+    charged the forward and that backward, as if run alone.
     """
 
     name = "saliency"
@@ -269,12 +271,13 @@ class IntegratedGradients(_EmbeddingGradient):
         return torch.stack(rows)
 
 
-class SequentialIntegratedGradients(_EmbeddingGradient):
+class SequentialIntegratedGradients(IntegratedGradients):
     """Sequential Integrated Gradients: each token's attribution is its row of Integrated
     Gradients along a path on which only that token moves, from the baseline token to itself,
     every other token fixed at its own value (Captum LayerIntegratedGradients, one path per
     candidate token). A token's signed sum (``reduce=sum``) therefore adds up to f(x) - f(x
-    with that token replaced by the baseline), up to the path integral's error.
+    with that token replaced by the baseline), up to the path integral's error; the row as a
+    whole claims no completeness.
 
     The baseline token is [MASK] (``baseline=auto`` where the tokenizer has one; the paper's
     choice), else [PAD]; special tokens are not attributed (0). Each example runs alone over
@@ -288,40 +291,17 @@ class SequentialIntegratedGradients(_EmbeddingGradient):
     name = "sequential-integrated-gradients"
     in_default_run = False
     description = "Sequential IG: one IG path per token, the others fixed ([MASK] baseline)"
-    parameters = {
-        **_EmbeddingGradient.parameters,
-        "steps": 50,
-        "baseline": "auto",
-        "chunk_tokens": 2048,
-    }
-    choices = {**_EmbeddingGradient.choices, "baseline": ("auto", "mask", "pad")}
+    parameters = {**IntegratedGradients.parameters, "baseline": "auto"}
+    choices = {**IntegratedGradients.choices, "baseline": ("auto", "mask", "pad")}
     parameter_docs = {
-        **_EmbeddingGradient.parameter_docs,
+        **IntegratedGradients.parameter_docs,
         "steps": "points on each token's path (Captum's n_steps); an integer >= 1",
         "baseline": "the token each path starts from: auto ([MASK] where the tokenizer has "
         "one, else [PAD]), mask or pad",
         "chunk_tokens": "the most tokens in one pass (path steps of one token's path); bounds "
         "memory; an integer >= 1",
     }
-
-    def validate(self) -> None:
-        if self.params["steps"] < 1:
-            raise self.out_of_range("steps", ">= 1")
-        if self.params["chunk_tokens"] < 1:
-            raise self.out_of_range("chunk_tokens", ">= 1")
-
-    def baseline_id(self, trace: Trace) -> int:
-        tokenizer = trace.loaded.tokenizer
-        choice = self.params["baseline"]
-        if choice == "auto":
-            choice = "mask" if tokenizer.mask_token_id is not None else "pad"
-        token = tokenizer.mask_token_id if choice == "mask" else tokenizer.pad_token_id
-        if token is None:
-            raise UsageError(
-                f"{self.name}:baseline={choice} needs a tokenizer with a {choice} token; "
-                "use baseline=auto"
-            )
-        return int(token)
+    completeness = None
 
     def per_dimension(
         self, trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None
@@ -331,7 +311,7 @@ class SequentialIntegratedGradients(_EmbeddingGradient):
         batch = trace.batch
         method = LayerIntegratedGradients(scored_forward(trace.loaded), self.layer(trace))
         steps, budget = self.params["steps"], self.params["chunk_tokens"]
-        baseline = self.baseline_id(trace)
+        baseline = baseline_token(trace.loaded, self.params["baseline"])
         rows = []
         for row in range(len(batch.input_ids_BN)):
             ids, arguments = example_arguments(trace, row, classes_B, foils_B)

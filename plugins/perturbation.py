@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import attrib_bench
-from attrib_bench import Attribution, Configurable, Trace, UsageError
+from attrib_bench import Attribution, Configurable, Trace
 from attrib_bench.toolkit.budget import per_pass
 from attrib_bench.toolkit.captum_inputs import (
+    baseline_token,
     example_arguments,
     example_seed,
     explained_classes,
@@ -35,17 +36,6 @@ from attrib_bench.toolkit.captum_inputs import (
 
 if TYPE_CHECKING:
     from attrib_bench.core.loaded_model import LoadedModel
-
-
-def baseline_token(loaded: LoadedModel, choice: str) -> int:
-    """The token id a removed token becomes (see the module docstring)."""
-    tokenizer = loaded.tokenizer
-    if choice == "auto":
-        choice = "mask" if tokenizer.mask_token_id is not None else "pad"
-    token_id = getattr(tokenizer, f"{choice}_token_id")
-    if token_id is None:
-        raise UsageError(f"baseline={choice} needs a tokenizer with a {choice} token")
-    return token_id
 
 
 class _TokenPerturbation(Configurable, ABC):

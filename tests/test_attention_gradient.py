@@ -166,3 +166,16 @@ def test_saliency_and_gradient_share_the_same_backward_pass(counted_backward):
     for method in (*METHODS, Saliency(), Gradient().configure({"layer": "word_embeddings"})):
         method.attribute(trace)
     assert len(calls) == 1
+
+
+def test_saliency_alone_holds_no_attention_gradients(counted_backward):
+    """A trace that keeps attentions for the attention family: saliency differentiates at the
+    embedding layers only; a later attention x gradient method runs its own pass."""
+    from attrib_bench_plugins.gradient import Saliency
+
+    trace, calls = counted_backward
+    Saliency().attribute(trace)
+    held = [v for k, v in trace.shared.items() if k.startswith("graph-gradients/")]
+    assert len(held) == 1 and held[0].attentions == () and held[0].hidden_states == ()
+    GenericAttentionExplainability().attribute(trace)
+    assert len(calls) == 2

@@ -118,3 +118,15 @@ def seeded(seed: int, device: torch.device) -> Iterator[None]:
             yield
         finally:
             np.random.set_state(state)
+
+
+def baseline_token(loaded: LoadedModel, choice: str) -> int:
+    """The token id a removed token becomes: ``auto`` is [MASK] where the tokenizer has one,
+    else [PAD]; ``mask``, ``pad`` or ``unk`` that token (a UsageError when it has none)."""
+    tokenizer = loaded.tokenizer
+    if choice == "auto":
+        choice = "mask" if tokenizer.mask_token_id is not None else "pad"
+    token_id = getattr(tokenizer, f"{choice}_token_id")
+    if token_id is None:
+        raise UsageError(f"baseline={choice} needs a tokenizer with a {choice} token")
+    return token_id

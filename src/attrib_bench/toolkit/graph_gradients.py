@@ -2,10 +2,12 @@
 
 Every gradient method that backpropagates through the traced pass (``embedding_graph``: the
 ``saliency`` family at the embedding layers, the attention x gradient family at the attention
-probabilities) reads its gradients from :func:`graph_gradients`, which differentiates the
-explained score once with respect to every tensor the trace kept in the graph and memoises the
-result per batch, keyed by the classes and foils explained. Methods that explain the same score
-on one batch therefore share one backward pass, whatever layer each reads.
+probabilities and hidden states) reads its gradients from :func:`graph_gradients`, memoised per
+batch and keyed by the classes and foils explained. A call for the internals differentiates
+with respect to every tensor the trace kept in the graph, and every later call for the same
+score reads that pass; a call for the embedding layers alone differentiates only there, so a
+batch without an internal reader (the default run's saliency beside the attention family)
+never holds gradients of the attention probabilities.
 """
 
 from __future__ import annotations
@@ -31,18 +33,22 @@ class GraphGradients(NamedTuple):
 
 
 def graph_gradients(
-    trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None
+    trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None, internals: bool = False
 ) -> GraphGradients:
     """The gradients of the sum over examples of the explained score (``target_score``: the
     class's logit, or the logit minus the foil's), each example's its own, computed once per
-    batch and score."""
+    batch and score. ``internals``: also at the attention probabilities and hidden states the
+    trace kept; without it only the embedding layers', unless a call with it already ran (its
+    result serves both), so a batch that no internal reader needs never holds gradients of
+    (B, H, N, N) size."""
     foils = None if foils_B is None else foils_B.tolist()
     key = f"graph-gradients/{classes_B.tolist()}/{foils}"
 
-    def compute() -> GraphGradients:
+    def compute(internal: bool) -> GraphGradients:
         logits_BC, layers = trace.need("embedding_graph")
         names = sorted(layers)
-        attentions, hidden = list(trace.graph_attentions), list(trace.graph_hidden_states)
+        attentions = list(trace.graph_attentions) if internal else []
+        hidden = list(trace.graph_hidden_states) if internal else []
         inputs = [layers[name] for name in names] + attentions + hidden
         score = target_score(logits_BC, classes_B, foils_B).sum()
         # A pre-LN model's last hidden state (after the final norm) may not reach the score of
@@ -58,4 +64,7 @@ def graph_gradients(
             tuple(gradients[split:]),
         )
 
-    return trace.memo(key, compute)
+    full = f"{key}/internals"
+    if internals or full in trace.shared:
+        return trace.memo(full, lambda: compute(True))
+    return trace.memo(f"{key}/layers", lambda: compute(False))
