@@ -1,4 +1,5 @@
-"""The single-backward methods against their compute floor (issue 32, "Speed and memory").
+"""The single-backward methods and AtMan against their compute floors (issue 32, "Speed and
+memory").
 
     python benchmarks/backward_cost.py [--limit 64] [--batch-size 16] [--rounds 5]
 
@@ -15,7 +16,10 @@ round so the settings share the machine's load, times over all batches:
   (the attention x gradient methods backpropagate through the traced pass; the LRP methods run
   a pass of their own with their rules, after a traced pass that captures nothing);
 - the three attention x gradient methods on one trace (one shared backward pass);
-- the LRP methods' own pass alone, on traces made beforehand.
+- the LRP methods' own pass alone, on traces made beforehand;
+- AtMan's floor: per example, n + 1 forward passes of its unpadded input (no gradient), batched
+  as ``atman`` batches them, under sdpa and under eager attention; and ``atman`` as the runner
+  runs it (a traced pass that captures nothing, then ``attribute``).
 
 Reports the median seconds over rounds and the ratios to each floor; writes
 benchmarks/results/backward_cost.{json,md} with the machine's load.
@@ -43,6 +47,7 @@ from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import load_examples
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
+from attrib_bench.toolkit.budget import per_pass
 
 ATTENTION_GRADIENT = ("gae", "grad-sam", "attention-x-gradient")
 METHODS = (*ATTENTION_GRADIENT, "cp-lrp", "attnlrp")
@@ -64,6 +69,21 @@ def floor(loaded, batches, implementation: str) -> None:
             handle.remove()
         score = logits.gather(1, logits.argmax(dim=1, keepdim=True)).sum()
         torch.autograd.grad(score, kept[0])
+
+
+def forward_copies(loaded, batches, implementation: str, chunk_tokens: int = 8192) -> None:
+    """AtMan's floor: per example, n + 1 copies of its real tokens through the model, in passes
+    of at most ``chunk_tokens`` tokens, without gradients."""
+    with attention_implementation(loaded.model, implementation), torch.no_grad():
+        for batch in batches:
+            for row in range(batch.input_ids_BN.shape[0]):
+                real_N = batch.attention_mask_BN[row].bool()
+                ids_1N = batch.input_ids_BN[row : row + 1, real_N]
+                n = ids_1N.shape[1]
+                rows = per_pass(n + 1, n, chunk_tokens)
+                for start in range(0, n + 1, rows):
+                    copies = min(rows, n + 1 - start)
+                    loaded.model(input_ids=ids_1N.expand(copies, -1))
 
 
 def methods_alone(loaded, batches, names: tuple[str, ...]) -> None:
@@ -107,6 +127,9 @@ def main() -> None:
             f"{name}, its own pass only": (lambda name=name: attribute_only(bare, name))
             for name in ("cp-lrp", "attnlrp")
         },
+        "n + 1 forward passes (sdpa)": lambda: forward_copies(loaded, batches, FAST),
+        "n + 1 forward passes (eager)": lambda: forward_copies(loaded, batches, EAGER),
+        "atman": lambda: methods_alone(loaded, batches, ("atman",)),
     }
     for run in settings.values():  # warm-up
         run()
@@ -137,9 +160,18 @@ def main() -> None:
         "|---|---|---|---|",
     ]
     for name, value in median.items():
+        if name == "n + 1 forward passes (sdpa)":
+            lines += [
+                "",
+                "| setting | seconds | / n + 1 forwards (sdpa) | / n + 1 forwards (eager) |",
+                "|---|---|---|---|",
+            ]
+        floors = ("floor (sdpa)", "floor (eager)")
+        if name in ("n + 1 forward passes (sdpa)", "n + 1 forward passes (eager)", "atman"):
+            floors = ("n + 1 forward passes (sdpa)", "n + 1 forward passes (eager)")
         lines.append(
-            f"| {name} | {value:.3f} | {value / median['floor (sdpa)']:.2f} | "
-            f"{value / median['floor (eager)']:.2f} |"
+            f"| {name} | {value:.3f} | {value / median[floors[0]]:.2f} | "
+            f"{value / median[floors[1]]:.2f} |"
         )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "backward_cost.json").write_text(json.dumps(document, indent=1) + "\n")
