@@ -35,14 +35,17 @@ Conventions, stated because results depend on them:
   least one token). The top k are the k highest scores; ties go to the earlier position.
 - Removal (``removal=``): ``mask`` replaces the token by [MASK] (DecompX), ``pad`` by
   [PAD] (with attention kept: the [PAD] embedding as a baseline), ``zero`` sets the token's
-  embedding output (``LoadedModel.embeddings``) to the zero vector, ``delete`` drops the token
-  and re-packs the sequence. ``auto`` (the default) is ``mask`` where the tokenizer has a mask
-  token (the encoders) and ``delete`` where it has none (decoders: see ``resolve_removal``).
-  The first three keep every token where it was: they pass the unmodified input's position ids,
-  since RoBERTa-family models would otherwise renumber the tokens after a [PAD]. ``delete`` is a
-  genuine deletion: the model numbers the re-packed sequence itself. A language model is read
-  at the target position: the original one where tokens stay in place, the re-packed input's
-  own (its last real token under ``position=last``) after ``delete``.
+  embedding output (``LoadedModel.embeddings``: an encoder's ``hidden_states[0]``, word, position
+  and token-type embeddings summed and normalised) to the zero vector, ``zero-word`` its word
+  embedding (``get_input_embeddings()``) before the position and token-type embeddings are added
+  (the same module as ``zero`` on a language model), ``delete`` drops the token and re-packs the
+  sequence. ``auto`` (the default) is ``mask`` where the tokenizer has a mask token (the
+  encoders) and ``delete`` where it has none (decoders: see ``resolve_removal``). All but
+  ``delete`` and ``retokenize`` keep every token where it was: they pass the unmodified input's
+  position ids, since RoBERTa-family models would otherwise renumber the tokens after a [PAD].
+  ``delete`` is a genuine deletion: the model numbers the re-packed sequence itself. A language
+  model is read at the target position: the original one where tokens stay in place, the
+  re-packed input's own (its last real token under ``position=last``) after ``delete``.
 - Cost: all (ratio, example) variants of a batch run as a few batched forward passes of at most
   ``chunk_tokens`` tokens each; under ``delete`` and ``retokenize``, which shorten the inputs,
   in passes of similar lengths (``attrib_bench.toolkit.erasure``). Predictions are cached per
@@ -101,9 +104,11 @@ from attrib_bench.model.scorer import SCORER_DOC, SCORER_PREFIX, ScoredByCopy
 from attrib_bench.model.trace import trace_batch
 from attrib_bench.toolkit.erasure import (
     CACHE_KEY,
+    NORMALISER_KEY,
     REMOVALS,
     erased_log_probs,
     explained,
+    explained_logits,
     plan_erasures,
     resolve_removal,
     round_trip_restores,
@@ -221,8 +226,9 @@ class Erasure(ScoredByCopy, Configurable, ABC):
         "ratios": "the shares erased, '/'-separated, each in [0, 1]: k = ceil(ratio * n) of the "
         "n real non-special tokens; the score is the mean over them",
         "removal": "how a token is erased: mask ([MASK]), pad ([PAD], attention kept), zero "
-        "(zero embedding), delete (re-packed), retokenize (kept tokens decoded and tokenised "
-        "again, ferret's); auto: mask where the tokenizer has one, else delete",
+        "(zero embedding output), zero-word (zero word embedding, before position embeddings), "
+        "delete (re-packed), retokenize (kept tokens decoded and tokenised again, ferret's); "
+        "auto: mask where the tokenizer has one, else delete",
         "layer": "the method's row scored: -1, its last aggregated row; l >= 1, layer l's",
         "chunk_tokens": "the most tokens in one batched pass of erased inputs; bounds memory; "
         "an integer >= 1",
@@ -668,6 +674,7 @@ class Comprehensiveness(AOPC):
                 target=target,
             )
             traced.shared[CACHE_KEY] = trace.shared.setdefault(CACHE_KEY, {})
+            traced.shared[NORMALISER_KEY] = trace.shared.setdefault(NORMALISER_KEY, {})
             for key in [key for key in trace.shared if key.startswith(SCORER_PREFIX)]:
                 traced.shared[key] = trace.shared[key]  # a scorer's erasures, shared likewise
             yield context.attributor.attribute(traced), dataclasses.replace(context, trace=traced)
@@ -736,6 +743,93 @@ class Insertion(Deletion):
     description = "Insertion curve: area under f as top-ranked tokens are restored"
     higher_is_better = True
     mode = "keep"
+
+
+class ABPC(Deletion):
+    """The area between the perturbation curves of the target logit: least-relevant-first
+    (LeRF) minus most-relevant-first (MoRF) erasure, ratio by ratio; higher is better.
+
+    AttnLRP's faithfulness protocol (Table 1; its author's description, issue #40 of
+    rachtibat/LRP-eXplains-Transformers): at every ratio the k = ceil(ratio * n) highest-scored
+    tokens (MoRF) and, apart, the k lowest-scored (LeRF; ties to the earlier position in both)
+    are erased by zeroing their input embeddings (``removal=zero-word``: the word embedding,
+    before an encoder adds the position and token-type embeddings; ``removal=zero`` zeroes the
+    embedding module's output instead, ``hidden_states[0]``), and the model's logit of the
+    explained class y is read (a contrastive target: logit(y) - logit(foil)). The score is the
+    trapezoid area under LeRF(k) - MoRF(k) over ``ratios``, divided by the ratio range
+    (``curve_area``). Differences from the paper: special tokens are never erased (n counts the
+    real non-special tokens), the curve has the points of ``ratios`` rather than one per token
+    and the area is normalised, a mean over the curve.
+
+    Reference: Achtibat et al. 2024, "AttnLRP: Attention-Aware Layer-Wise Relevance Propagation
+    for Transformers", ICML; Schulz et al. 2020, "Restricting the Flow: Information Bottlenecks
+    for Attribution", ICLR (the area between perturbation curves, ABPC).
+    """
+
+    name = "abpc"
+    description = (
+        "AttnLRP's faithfulness: area between the LeRF and MoRF curves of the target logit "
+        "(input embeddings zeroed); higher is better"
+    )
+    higher_is_better = True
+    parameters = {**Deletion.parameters, "removal": "zero-word"}
+    parameter_docs = {
+        **Deletion.parameter_docs,
+        "ratios": "the curves' points, '/'-separated, at least two, increasing, each in [0, 1]: "
+        "the share k = ceil(ratio * n) of the n real non-special tokens erased, the most "
+        "relevant (MoRF) and the least relevant (LeRF)",
+        "removal": "how a token is erased: zero-word (the protocol's: zero word embedding, "
+        "before position embeddings), zero (zero embedding output), or any of the erasure "
+        "evaluators' (mask, pad, delete, retokenize, auto)",
+    }
+
+    def rationales(
+        self, attribution: Attribution, context: EvalContext
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The MoRF rationales then the LeRF ones (the k lowest scores: the top k of the
+        negated scores, ties to the earlier position), (2R, B, N); candidates; scoreable."""
+        morf_RBN, candidates_BN, scoreable_B = super().rationales(attribution, context)
+        scores_BN = scored_row(attribution, self.params["layer"]).detach().double().cpu().numpy()
+        lerf_RBN = np.stack(
+            [
+                rationale_mask(-scores_BN, candidates_BN, r)
+                for r in parse_ratios(self.params["ratios"])
+            ]
+        )
+        return np.concatenate([morf_RBN, lerf_RBN]), candidates_BN, scoreable_B
+
+    def curves(self, attribution: Attribution, context: EvalContext) -> np.ndarray:
+        """The target logit (a contrastive target: logit(y) - logit(foil)) after each erasure,
+        (2R, B): MoRF's R points then LeRF's, NaN for unscoreable rows; the scorer's. Read from
+        the erasure cache's log-probabilities and log normalisers, only the target's columns."""
+        trace = self.scoring(context)
+        _, scoreable_B, keys = self.erasure_keys(attribution, context)
+        from attrib_bench.core.loaded_model import target_logits  # transformers: not at `list` time
+
+        cache = erased_log_probs(
+            trace, list(keys.values()), self.params["chunk_tokens"], target_logits
+        )
+        normalisers = trace.shared[NORMALISER_KEY]
+        target = scored_classes(context.attributor, context.trace)  # what the method explains
+        original_BC = trace.logits_BC.double()
+        log_probs_1BC = torch.log_softmax(original_BC, dim=-1).cpu().numpy()[None]
+        log_z_1B = torch.logsumexp(original_BC, dim=-1).cpu().numpy()[None]
+        R2 = 2 * len(parse_ratios(self.params["ratios"]))
+        out_RB = np.repeat(explained_logits(trace, log_probs_1BC, log_z_1B, target), R2, axis=0)
+        for (r, b), key in keys.items():
+            classes, foils = target
+            row_target = (classes[b : b + 1], None if foils is None else foils[b : b + 1])
+            out_RB[r, b] = explained_logits(
+                trace, cache[key][None, None], np.array([[normalisers[key]]]), row_target
+            )[0, 0]
+        out_RB[:, ~scoreable_B] = np.nan
+        return out_RB
+
+    def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
+        values_RB = self.curves(attribution, context)
+        morf_RB, lerf_RB = np.split(values_RB, 2)
+        per_example = curve_area(lerf_RB - morf_RB, parse_ratios(self.params["ratios"]))
+        return {"aggregated": per_example[None, :]}
 
 
 def log_odds(log_probs_BC: np.ndarray, classes_B: np.ndarray) -> np.ndarray:
@@ -811,6 +905,7 @@ def attrib_bench_evaluators() -> list:
         Sufficiency(),
         Deletion(),
         Insertion(),
+        ABPC(),
         LogOdds(),
         MaskedAccuracy(),
     ]

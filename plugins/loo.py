@@ -117,8 +117,8 @@ class LooTau(ScoredByCopy, Configurable):
     choices = {"removal": REMOVALS}
     parameter_docs = {
         "removal": "how the left-out token is erased, as faithfulness's: delete (ferret's, "
-        "without its decode round trip), retokenize (with it), mask, pad, zero; auto: mask "
-        "where the tokenizer has one, else delete",
+        "without its decode round trip), retokenize (with it), mask, pad, zero, zero-word; "
+        "auto: mask where the tokenizer has one, else delete",
         "layer": "the method's row scored: -1, its last aggregated row; l >= 1, layer l's",
         "chunk_tokens": "the most tokens in one batched pass; bounds memory; an integer >= 1",
         "scorer": SCORER_DOC,

@@ -183,6 +183,7 @@ def test_on_the_synthetic_model_every_evaluator_orders_the_degradations(monkeypa
         "sufficiency",
         "deletion",
         "insertion",
+        "abpc",
         "log-odds",
         "masked-accuracy",
         "loo-tau",

@@ -17,10 +17,20 @@ if TYPE_CHECKING:
     from attrib_bench.core.interfaces import Batch
     from attrib_bench.core.trace import Trace
 
-REMOVALS = ("auto", "mask", "pad", "zero", "delete", "retokenize")
+REMOVALS = ("auto", "mask", "pad", "zero", "zero-word", "delete", "retokenize")
+#: The removals applied by a hook that zeroes an embedding module's output (``forward_erased``):
+#: ``zero`` the embedding module's (``LoadedModel.embeddings``: an encoder's after its position
+#: and token-type embeddings are added and its LayerNorm), ``zero-word`` the word (token)
+#: embeddings' (``get_input_embeddings()``), before anything is added to them. The two are the
+#: same module for a language model and a model without a spec.
+ZEROING = ("zero", "zero-word")
 
 #: Where erased predictions are kept within one batch's trace, shared by every evaluator here.
 CACHE_KEY = "faithfulness.erased_log_probabilities"
+#: Beside it, each erased prediction's log normaliser log Z = logsumexp of its target-position
+#: logits (float64), one float a key: a class's logit is log p + log Z (``explained_logits``),
+#: which the log-probabilities alone cannot give back.
+NORMALISER_KEY = "faithfulness.erased_log_normalisers"
 #: Erasures announced for the batch and not run yet (``plan_erasures``).
 PENDING_KEY = "faithfulness.erasures_planned"
 #: How many erased inputs ``erased_log_probs`` ran on the batch (a count for the
@@ -136,7 +146,8 @@ def erase(
     tokenizer,
     special_VN: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Model inputs with the marked tokens erased (``zero`` is applied by a hook instead).
+    """Model inputs with the marked tokens erased (``zero`` and ``zero-word`` are applied by a
+    hook instead: ``forward_erased``).
 
     Replacements keep the other inputs, ``position_ids`` included; ``delete`` re-packs the
     sequence and leaves its positions to the model. An input with every token deleted (a
@@ -152,7 +163,7 @@ def erase(
     if removal in ("mask", "pad"):
         token_id = tokenizer.mask_token_id if removal == "mask" else tokenizer.pad_token_id
         return {**inputs, "input_ids": torch.where(erase_VN, token_id, ids)}
-    if removal == "zero":
+    if removal in ZEROING:
         return inputs
     kept_VN = inputs["attention_mask"].bool() & ~erase_VN
     order = torch.sort((~kept_VN).to(torch.int32), dim=1, stable=True).indices  # kept first
@@ -177,11 +188,18 @@ def forward_erased(
     positions_V: torch.Tensor,
     target_logits: Callable[..., torch.Tensor],
     special_VN: torch.Tensor | None = None,
-) -> torch.Tensor:
+    *,
+    normalisers: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probabilities of the erased variants, (V, C) in float64, a language model's at the
     target position: ``positions_V`` (each variant's example's) where tokens stay in place, the
     target token of the re-packed input for ``delete`` and ``retokenize`` (which needs the
-    variants' special-token mask ``special_VN``).
+    variants' special-token mask ``special_VN``). With ``normalisers``, also their log
+    normalisers (V,), logsumexp of the same float64 logits: a logit is log p + log Z.
+
+    ``zero`` and ``zero-word`` multiply the output of the embedding module (``ZEROING``) by 0
+    at the erased tokens; under ``zero-word`` an encoder then adds its position and token-type
+    embeddings and applies its LayerNorm to the zero vector, as to any other word embedding.
 
     ``target_logits`` is ``attrib_bench.model.load.target_logits``, passed in by the caller:
     the toolkit sits below the model layer and may not import it. The model runs under sdpa
@@ -189,9 +207,11 @@ def forward_erased(
     """
 
     handle = None
-    if removal == "zero":
+    if removal in ZEROING:
         keep_VN1 = (~erase_VN)[..., None]
-        handle = trace.loaded.embeddings.register_forward_hook(
+        loaded = trace.loaded
+        module = loaded.embeddings if removal == "zero" else loaded.model.get_input_embeddings()
+        handle = module.register_forward_hook(
             lambda _module, _args, output: output * keep_VN1.to(output.dtype)
         )
     erased = erase(inputs, erase_VN, removal, trace.loaded.tokenizer, special_VN)
@@ -204,7 +224,10 @@ def forward_erased(
         if handle is not None:
             handle.remove()
     logits = target_logits(trace.loaded, logits, positions_V)
-    return torch.log_softmax(logits.double(), dim=-1)
+    log_probs = torch.log_softmax(logits.double(), dim=-1)
+    if normalisers:
+        return log_probs, torch.logsumexp(logits.double(), dim=-1)
+    return log_probs
 
 
 #: Removals that pack each variant to its kept tokens: a pass is padded to its longest.
@@ -266,8 +289,15 @@ def erased_log_probs(
     missing ones, and those announced by ``plan_erasures``, run as batched passes of at most
     ``chunk_tokens`` tokens (an announced key: the budget it was announced with), one removal
     a pass (``forward_erased``).
+
+    The log-probabilities are computed as they always were; each run key's log normaliser is
+    kept beside them (``trace.shared[NORMALISER_KEY]``, one float a key), so that a class's
+    logit can be read back (``explained_logits``). A key cached without one (a cache shared
+    into another trace alone) is run again for it, its cached log-probabilities left as they
+    were.
     """
     cache = trace.shared.setdefault(CACHE_KEY, {})
+    normalisers = trace.shared.setdefault(NORMALISER_KEY, {})
     pending = trace.shared.pop(PENDING_KEY, {})
     pending.setdefault(chunk_tokens, []).extend(keys)
     batch = trace.batch
@@ -278,7 +308,8 @@ def erased_log_probs(
     device = batch.input_ids_BN.device
     for budget, announced in pending.items():
         by_removal: dict[str, list[tuple[str, int, bytes]]] = {}
-        for key in dict.fromkeys(key for key in announced if key not in cache):
+        missing = (key for key in announced if key not in cache or key not in normalisers)
+        for key in dict.fromkeys(missing):
             by_removal.setdefault(key[0], []).append(key)
         for removal, todo in by_removal.items():
             for chunk in _passes(todo, batch, budget):
@@ -287,7 +318,7 @@ def erased_log_probs(
                     np.stack([np.frombuffer(mask, dtype=bool) for _, _, mask in chunk]),
                     device=device,
                 )
-                log_probs = forward_erased(
+                log_probs, log_z = forward_erased(
                     trace,
                     {name: t[examples] for name, t in inputs.items()},
                     erase_VN,
@@ -295,9 +326,12 @@ def erased_log_probs(
                     trace.target_positions_B[examples],
                     target_logits,
                     batch.special_tokens_mask_BN[examples],
+                    normalisers=True,
                 )
-                for key, values in zip(chunk, log_probs.cpu().numpy(), strict=True):
-                    cache[key] = values
+                rows = zip(chunk, log_probs.cpu().numpy(), log_z.tolist(), strict=True)
+                for key, values, normaliser in rows:
+                    cache.setdefault(key, values)
+                    normalisers[key] = normaliser
                 trace.shared[RUN_COUNT_KEY] = trace.shared.get(RUN_COUNT_KEY, 0) + len(chunk)
     return cache
 
@@ -317,6 +351,24 @@ def explained(
     chosen_RB = log_probs_RBC[:, columns, classes_B]
     if foils is None:
         return np.exp(chosen_RB)
+    return chosen_RB - log_probs_RBC[:, columns, foils.cpu().numpy()]
+
+
+def explained_logits(
+    trace: Trace,
+    log_probs_RBC: np.ndarray,
+    log_normalisers_RB: np.ndarray,
+    target: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+) -> np.ndarray:
+    """The target's logit of each row, (R, B): logit(y) = log p(y) + log Z (the log normaliser,
+    ``NORMALISER_KEY``), or for a contrastive target the score log p(y) - log p(foil) =
+    logit(y) - logit(foil), as ``explained`` reads it. ``target`` as in ``explained``."""
+    classes, foils = (trace.target_classes_B, trace.target_foils_B) if target is None else target
+    classes_B = classes.cpu().numpy()
+    columns = np.arange(len(classes_B))
+    chosen_RB = log_probs_RBC[:, columns, classes_B]
+    if foils is None:
+        return chosen_RB + log_normalisers_RB
     return chosen_RB - log_probs_RBC[:, columns, foils.cpu().numpy()]
 
 
