@@ -308,7 +308,7 @@ def test_list_shows_each_family_and_the_attributors_it_can_run(run_cli, tmp_path
     assert "architectures" in out
     lines = out.splitlines()
     (start,) = [i for i, line in enumerate(lines) if line.startswith("│ megatron-bert ")]
-    assert re.search(r"│ block=pre-ln,.*│ alti, attcat, attention,.*│ file", lines[start])
+    assert re.search(r"│ block=pre-ln,.*│ alti, atman, attcat, attention,.*│ file", lines[start])
     cells = []  # the row's lines: long cells fold onto more lines, never cut
     for line in lines[start:]:
         columns = [cell.strip() for cell in line.split("│")[1:-1]]
