@@ -1,5 +1,5 @@
-"""AtMan (Deb et al., NeurIPS 2023): a token's relevance is how much the explained score drops
-when every layer's attention to it is suppressed (docs/math/atman.md).
+"""AtMan (Deiseroth et al., NeurIPS 2023): a token's relevance is how much the explained score
+drops when every layer's attention to it is suppressed (docs/math/atman.md).
 
 As the official code (github.com/Aleph-Alpha/AtMan, ``atman-magma``: ``manipulate_attention.py``
 and ``explainer.py``), in every layer and head each row of attention scores s (before the
@@ -9,8 +9,8 @@ every other probability's ratio to the rest unchanged. Conceptual suppression (o
 the official ``Explainer``'s threshold 0.6) also suppresses the tokens whose input embeddings
 have cosine similarity at least the threshold with the suppressed one, each by
 (1 - f)(1 - cos) + f. The relevance is the explained score of the clean pass minus that of the
-suppressed one: the paper's sign (its eq. 4, the rise of the target's cross-entropy); the
-official ``get_delta_cross_entropies`` returns the opposite sign and its examples square it
+suppressed one: the paper's sign (the rise of the target's cross-entropy); the official
+``get_delta_cross_entropies`` returns the opposite sign and its examples square it
 (``square=true``).
 
 Each example runs alone over its real tokens, one copy per suppressed token and one clean copy,
@@ -115,14 +115,14 @@ def suppression_factors(
 class AtMan(Configurable):
     """The explained score's drop when attention to a token is suppressed in every layer.
 
-    Reference: Deb, Deiseroth, Weinbach, Brack, Schramowski & Kersting 2023, "AtMan:
+    Reference: Deiseroth, Deb, Weinbach, Brack, Schramowski & Kersting 2023, "AtMan:
     Understanding Transformer Predictions Through Memory Efficient Attention Manipulation",
     NeurIPS.
     """
 
     name = "atman"
     description = (
-        "AtMan (Deb 2023): drop of the target's log-probability when attention to a token "
+        "AtMan (Deiseroth 2023): drop of the target's log-probability when attention to a token "
         "(and its cosine neighbours) is suppressed in every layer"
     )
     requires = frozenset()
