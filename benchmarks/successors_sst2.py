@@ -1,6 +1,7 @@
 """The successors of GlobEnc under DecompX's protocol: faithfulness of every method on SST-2 dev.
 
     python benchmarks/successors_sst2.py [--limit N] [--device cpu] [--methods a,b,...]
+        [--name successors_sst2]
 
 On MiniLM-L6 fine-tuned on 20,000 SST-2 train sentences (the model of
 benchmarks/globenc_sst2.py and benchmarks/evaluators.py, one cache entry), all 872 dev
@@ -15,7 +16,8 @@ plus comprehensiveness at ALTI's (ERASER's) bins 1/5/10/20/50%, the protocol of 
 table (Ferrando et al. 2022, RoBERTa-base; there deletion, here [MASK]). Every old and new
 method runs; ``random`` is the floor. Methods share one traced forward pass per batch and every
 erasure's prediction is cached per example, so a rerun after adding a method costs that method.
-Writes benchmarks/results/successors_sst2.{json,md,png} (summaries only) and prints the table.
+Writes benchmarks/results/<name>.{json,md,png} (summaries only; ``--name``, default
+successors_sst2) and prints the table.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ METHODS = [
     "attnlrp",
     "smoothgrad",
     "vargrad",
+    "atman",
+    "discretized-integrated-gradients",
     "random",
 ]
 #: By name only and too slow for all 872 sentences on a CPU (benchmarks/results/method_cost.md:
@@ -185,6 +189,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--methods", help="comma-separated specs (default: all of METHODS)")
     parser.add_argument("--model", help="a classifier directory (default: the SST-2 fine-tune)")
+    parser.add_argument("--name", default="successors_sst2", help="the results' file stem")
     args = parser.parse_args()
     start = time.perf_counter()
     model = args.model or sst2_model(args.device)
@@ -205,10 +210,10 @@ def main() -> None:
     document["wall_seconds"] = round(wall, 1)
     accuracy = read_metadata(Path(model)).get("eval_accuracy")  # on all 872 dev sentences
     RESULTS.mkdir(exist_ok=True)
-    write_json(document, RESULTS / "successors_sst2.json")
+    write_json(document, RESULTS / f"{args.name}.json")
     text = markdown(document, accuracy, wall)
-    (RESULTS / "successors_sst2.md").write_text(text)
-    plot(document, RESULTS / "successors_sst2.png")
+    (RESULTS / f"{args.name}.md").write_text(text)
+    plot(document, RESULTS / f"{args.name}.png")
     print(text)
 
 
