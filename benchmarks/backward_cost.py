@@ -13,10 +13,9 @@ round so the settings share the machine's load, times over all batches:
   methods need the attention probabilities, which only eager attention materialises; the
   backward then also reaches them);
 - each method as the runner runs it alone: ``trace_batch`` with its fields, then ``attribute``
-  (the attention x gradient methods backpropagate through the traced pass; the LRP methods run
-  a pass of their own with their rules, after a traced pass that captures nothing);
+  (the attention x gradient methods backpropagate through the traced pass, the LRP methods
+  through the traced pass run under their rules);
 - the three attention x gradient methods on one trace (one shared backward pass);
-- the LRP methods' own pass alone, on traces made beforehand;
 - AtMan's floor: per example, n + 1 forward passes of its unpadded input (no gradient), batched
   as ``atman`` batches them, under sdpa and under eager attention; and ``atman`` as the runner
   runs it (a traced pass that captures nothing, then ``attribute``).
@@ -96,13 +95,6 @@ def methods_alone(loaded, batches, names: tuple[str, ...]) -> None:
         trace.release_graph()
 
 
-def attribute_only(traces, name: str) -> None:
-    """``name``'s ``attribute`` on traces made beforehand (a method that runs its own pass)."""
-    attributor = REGISTRY.attributor(name)
-    for trace in traces:
-        attributor.attribute(trace)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=64)
@@ -115,7 +107,6 @@ def main() -> None:
     loaded = load_model(model, "cpu", architectures=ARCHITECTURES)
     data = load_examples(TASKS["sst2"].training.dataset, "dev", limit=args.limit)
     batches, _ = make_batches(data.examples, loaded.tokenizer, args.batch_size, 128)
-    bare = [trace_batch(loaded, batch, frozenset()) for batch in batches]
     settings: dict[str, Callable[[], None]] = {
         "floor (sdpa)": lambda: floor(loaded, batches, FAST),
         "floor (eager)": lambda: floor(loaded, batches, EAGER),
@@ -123,10 +114,6 @@ def main() -> None:
         "gae, grad-sam, attention-x-gradient on one trace": lambda: methods_alone(
             loaded, batches, ATTENTION_GRADIENT
         ),
-        **{
-            f"{name}, its own pass only": (lambda name=name: attribute_only(bare, name))
-            for name in ("cp-lrp", "attnlrp")
-        },
         "n + 1 forward passes (sdpa)": lambda: forward_copies(loaded, batches, FAST),
         "n + 1 forward passes (eager)": lambda: forward_copies(loaded, batches, EAGER),
         "atman": lambda: methods_alone(loaded, batches, ("atman",)),

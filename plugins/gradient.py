@@ -41,7 +41,6 @@ from attrib_bench.toolkit.captum_inputs import (
     seeded,
 )
 from attrib_bench.toolkit.graph_gradients import graph_gradients
-from attrib_bench.toolkit.lrp_rules import rules
 
 if TYPE_CHECKING:  # model.load imports transformers, which `attrib-bench list` does without
     from attrib_bench.core.loaded_model import LoadedModel
@@ -700,40 +699,25 @@ class VarGrad(_NoiseTunnel):
 
 
 class _LRP(_EmbeddingGradient):
-    """Gradient x input through the variant's rules; relevance summed per token."""
+    """Gradient x input through the variant's rules; relevance summed per token. The pass under
+    the rules is the trace's (``cp_lrp_graph``, ``attn_lrp_graph``): the traced pass itself
+    when no other method of the batch needs a plain graph or the attention probabilities."""
 
     variant = ""
     family = "lrp"
-    requires = frozenset()
     in_default_run = False
     parameters = {**_EmbeddingGradient.parameters, "reduce": "sum", "layer": "word_embeddings"}
 
     def per_dimension(
         self, trace: Trace, classes_B: torch.Tensor, foils_B: torch.Tensor | None
     ) -> torch.Tensor:
-        loaded = trace.loaded
-        layer = _attribution_layer(loaded, self.params["layer"])
-        kept: list[torch.Tensor] = []
-
-        def keep(_m: torch.nn.Module, _i: tuple, output: torch.Tensor) -> None:
-            kept.append(output.requires_grad_() if not output.requires_grad else output)
-
-        handle = layer.register_forward_hook(keep)
-        try:
-            with torch.enable_grad(), rules(loaded.model, self.variant) as record:
-                out = loaded.model(**trace.batch.model_inputs())
-                if not record["calls"]:
-                    raise UsageError(
-                        f"{self.name}: {loaded.model.config.model_type} does not run its "
-                        "attention through transformers' attention interface, so the rules "
-                        "cannot reach it"
-                    )
-                logits_BC = loaded.target_logits(out.logits, trace.target_positions_B)
-                score = target_score(logits_BC, classes_B, foils_B).sum()
-                (gradient,) = torch.autograd.grad(score, kept[0])
-        finally:
-            handle.remove()
-        return gradient * kept[0].detach()
+        (graph,) = trace.need(f"{self.variant}_lrp_graph")
+        if graph.problem is not None:
+            raise UsageError(f"{self.name}: {graph.problem}")
+        layer = graph.layers[self.params["layer"]]
+        score = target_score(graph.logits_BC, classes_B, foils_B).sum()
+        (gradient,) = torch.autograd.grad(score, layer, retain_graph=True)
+        return gradient * layer.detach()
 
 
 class CPLRP(_LRP):
@@ -747,6 +731,7 @@ class CPLRP(_LRP):
     name = "cp-lrp"
     description = "CP-LRP (Ali et al. 2022): grad x input, softmax and norm scale held constant"
     variant = "cp"
+    requires = frozenset({"cp_lrp_graph"})
 
 
 class AttnLRP(_LRP):
@@ -760,6 +745,7 @@ class AttnLRP(_LRP):
     name = "attnlrp"
     description = "AttnLRP (Achtibat et al. 2024), LXT's efficient rules: one forward, one backward"
     variant = "attn"
+    requires = frozenset({"attn_lrp_graph"})
 
 
 @attrib_bench.hookimpl

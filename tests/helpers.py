@@ -12,7 +12,7 @@ from attrib_bench.core.interfaces import Attribution, Batch, Example
 from attrib_bench.core.loaded_model import LoadedModel
 from attrib_bench.core.registry import load_registry
 from attrib_bench.core.trace import Trace
-from attrib_bench.core.trace_fields import TRACE_FIELDS
+from attrib_bench.core.trace_fields import LRP_GRAPH_FIELDS, TRACE_FIELDS
 from attrib_bench.data.batches import make_batches
 from attrib_bench.model.trace import trace_batch
 
@@ -56,7 +56,9 @@ def one_batch(loaded: LoadedModel, items: Sequence[Example], max_length: int = 6
 
 
 def full_trace(loaded: LoadedModel, items: Sequence[Example]) -> Trace:
-    return trace_batch(loaded, one_batch(loaded, items), TRACE_FIELDS)
+    """Every built-in field of the one traced pass (the LRP graphs, passes of their own beside
+    a plain graph, are tested in tests/test_lrp.py)."""
+    return trace_batch(loaded, one_batch(loaded, items), TRACE_FIELDS - set(LRP_GRAPH_FIELDS))
 
 
 def rows_by_id(trace: Trace, attribution: Attribution) -> dict[str, dict[str, torch.Tensor]]:

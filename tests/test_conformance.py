@@ -564,7 +564,7 @@ def test_an_unknown_field_names_the_registered_ones_and_the_fix():
     with pytest.raises(ConformanceError) as caught:
         check_attributor(Misspelled(), families=BERT, fields={"keys": KEYS})
     message = str(caught.value)
-    listed = "attentions, embedding_graph, ffn_post_activations, ffn_pre_activations, hidden_"
+    listed = "attentions, attn_lrp_graph, cp_lrp_graph, embedding_graph, ffn_post_activations"
     for part in ["unknown trace fields ['key']", listed, "fields="]:
         assert part in message, message
     with pytest.raises(ConformanceError, match=r"unknown trace fields \['keys'\]"):

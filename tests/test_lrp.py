@@ -39,7 +39,8 @@ def test_cp_lrp_conserves_the_logit_on_a_bias_free_model(family, tiny_bert, tmp_
             absorbs = ("bias", "position_embeddings", "token_type", "wpe")
             if any(part in name for part in absorbs):
                 parameter.zero_()
-    trace = trace_batch(loaded, one_batch(loaded, examples()), frozenset())
+    both = CPLRP.requires | AttnLRP.requires  # cp's pass is the traced one, attn's its own
+    trace = trace_batch(loaded, one_batch(loaded, examples()), both)
     logits_B = trace.logits_BC.gather(1, trace.target_classes_B[:, None])[:, 0].double()
     cp = CPLRP().configure({"layer": "embeddings"}).attribute(trace).aggregated_BLN[:, 0]
     # LLaMA's RMSNorm normalises in float32 even in a float64 model.
@@ -100,7 +101,7 @@ def reference_bert(model, ids_N: torch.Tensor, label: int, variant: str) -> torc
 
 @pytest.mark.parametrize("method", [CPLRP(), AttnLRP()], ids=lambda m: m.name)
 def test_each_variant_equals_bert_rerun_by_hand(bert64, method):
-    trace = trace_batch(bert64, one_batch(bert64, examples()), frozenset())
+    trace = trace_batch(bert64, one_batch(bert64, examples()), method.requires)
     rows_BN = method.attribute(trace).aggregated_BLN[:, 0]
     for row in range(len(trace.batch.examples)):
         real_N = trace.batch.attention_mask_BN[row].bool()
@@ -136,7 +137,37 @@ def test_a_model_the_rules_cannot_reach_is_one_line(bert64, monkeypatch):
     gradient x input through its attention: refused, naming the method and the model type."""
     from attrib_bench import UsageError
 
-    trace = trace_batch(bert64, one_batch(bert64, examples()), frozenset())
     monkeypatch.setattr(type(bert64.model), "set_attn_implementation", lambda self, name: None)
+    trace = trace_batch(bert64, one_batch(bert64, examples()), CPLRP.requires)
     with pytest.raises(UsageError, match=r"^cp-lrp: bert does not run its attention through"):
         CPLRP().attribute(trace)
+
+
+def _forward_calls(model, run) -> int:
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        run()
+    finally:
+        handle.remove()
+    return len(calls)
+
+
+@pytest.mark.parametrize("method", [CPLRP(), AttnLRP()], ids=lambda m: m.name)
+def test_alone_the_rules_pass_is_the_traced_pass(bert64, method):
+    """Run alone, an LRP method costs the traced forward pass and one backward pass: the pass
+    under the rules is the trace's. Beside a method that needs the plain graph it gets a pass
+    of its own, with the same relevances."""
+    batch = one_batch(bert64, examples())
+    traces = {}
+
+    def alone() -> None:
+        traces["alone"] = trace_batch(bert64, batch, method.requires)
+        traces["rows"] = method.attribute(traces["alone"]).aggregated_BLN
+
+    assert _forward_calls(bert64.model, alone) == 1
+    both = method.requires | {"embedding_graph"}
+    beside = lambda: traces.setdefault("beside", trace_batch(bert64, batch, both))  # noqa: E731
+    assert _forward_calls(bert64.model, beside) == 2
+    rows = method.attribute(traces["beside"]).aggregated_BLN
+    torch.testing.assert_close(rows, traces["rows"], rtol=1e-12, atol=1e-14)

@@ -260,6 +260,8 @@ def test_registry_holds_the_builtins_then_the_plugin_fields():
         "values",
         "pre_layernorm",
         "embedding_graph",
+        "cp_lrp_graph",
+        "attn_lrp_graph",
     }
     assert registry.trace_fields["ffn_activations"].source == f"file {FIELD_PLUGIN}"
     assert registry.attributor("ffn-norm").requires == {"ffn_activations"}

@@ -18,7 +18,20 @@ from attrib_bench.core.adapter import EncoderAdapter
 from attrib_bench.core.batch import Batch
 from attrib_bench.core.loaded_model import LoadedModel
 from attrib_bench.core.target import DEFAULT_TARGET, Target
-from attrib_bench.core.trace_fields import TRACE_FIELDS, TraceField
+from attrib_bench.core.trace_fields import LRP_GRAPH_FIELDS, TRACE_FIELDS, TraceField
+
+
+@dataclass(frozen=True)
+class LRPGraph:
+    """A forward pass under one variant's LRP rules (attrib_bench.toolkit.lrp_rules), kept in
+    its autograd graph: gradient x input through it is the relevance."""
+
+    #: The target logits (B, C), not detached.
+    logits_BC: torch.Tensor | None
+    #: The attribution layers' outputs by name (``embeddings``, ``word_embeddings``).
+    layers: dict[str, torch.Tensor]
+    #: Why the rules could not reach the model (one line), or None.
+    problem: str | None = None
 
 
 @dataclass
@@ -43,6 +56,9 @@ class Trace:
       differentiate with respect to them (``attrib_bench.toolkit.graph_gradients``);
       ``graph_hidden_states`` likewise the hidden states (L + 1 tensors (B, N, D), Hugging
       Face's, the last one after a pre-LN model's final norm) when ``hidden_states`` is required.
+    - ``lrp_graphs``: with ``cp_lrp_graph`` or ``attn_lrp_graph`` required, per variant
+      (``cp``, ``attn``) an :class:`LRPGraph`: a pass under that variant's LRP rules, still in
+      its autograd graph, until ``release_graph``.
     - ``plugin_fields``: the captured fields plugins registered, by name (read them with
       ``need(name)``).
     - ``shared``: a per-batch memo so methods of one family compute shared pieces once.
@@ -63,6 +79,7 @@ class Trace:
     graph_layers: dict[str, torch.Tensor] = field(default_factory=dict)
     graph_attentions: tuple[torch.Tensor, ...] = ()
     graph_hidden_states: tuple[torch.Tensor, ...] = ()
+    lrp_graphs: dict[str, LRPGraph] = field(default_factory=dict)
     shared: dict[str, Any] = field(default_factory=dict)
     #: The run's seed, for methods with randomness (baselines, sampling).
     seed: int = 0
@@ -148,6 +165,9 @@ class Trace:
         elif name == "embedding_graph":
             graph = self.graph_logits_BC is not None
             captured = (self.graph_logits_BC, self.graph_layers) if graph else ()
+        elif name in LRP_GRAPH_FIELDS:
+            variant = LRP_GRAPH_FIELDS[name]
+            captured = (self.lrp_graphs[variant],) if variant in self.lrp_graphs else ()
         else:
             captured = getattr(self, name) if name in TRACE_FIELDS else ()
         if not captured:
@@ -157,8 +177,9 @@ class Trace:
         return captured
 
     def release_graph(self) -> None:
-        """Free the forward pass's autograd graph (``embedding_graph``) once no method needs it,
-        so that it does not outlive its batch's attributions."""
+        """Free the forward passes' autograd graphs (``embedding_graph``, the LRP graphs) once
+        no method needs them, so that they do not outlive their batch's attributions."""
+        self.lrp_graphs = {}
         self.graph_logits_BC = None
         self.graph_layers = {}
         self.graph_attentions = ()

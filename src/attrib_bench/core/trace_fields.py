@@ -105,7 +105,22 @@ BUILTIN_FIELDS: tuple[TraceField, ...] = (
         "trace.graph_hidden_states (the same tensors still in the graph); released once every "
         "method has read the batch",
     ),
+    TraceField(
+        "cp_lrp_graph",
+        "a forward pass under CP-LRP's backward rules (attrib_bench.toolkit.lrp_rules) run with "
+        "autograd: trace.lrp_graphs['cp'], the target logits and the attribution layers' "
+        "outputs in its graph and why the rules could not reach the model (None when they "
+        "did); the traced pass itself when nothing else needs a plain graph or the attention "
+        "probabilities, else one pass more; released with the embedding graph",
+    ),
+    TraceField(
+        "attn_lrp_graph",
+        "the same under AttnLRP's rules: trace.lrp_graphs['attn']",
+    ),
 )
 #: What a trace can hold without plugins; an attributor's ``requires`` is a subset of these and
 #: of the fields plugins register.
 TRACE_FIELDS = frozenset(f.name for f in BUILTIN_FIELDS)
+#: The fields of a pass under LRP rules, and the variant of attrib_bench.toolkit.lrp_rules each
+#: names.
+LRP_GRAPH_FIELDS = {"cp_lrp_graph": "cp", "attn_lrp_graph": "attn"}

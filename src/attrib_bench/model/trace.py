@@ -2,6 +2,9 @@
 
 The runner asks for the union of what its attributors declare in ``requires`` and captures only
 that. Attributors read the trace; they never rerun the model for what the forward pass produced.
+The one exception is a pass under LRP rules (``cp_lrp_graph``, ``attn_lrp_graph``): it is the
+traced pass itself when nothing else needs that pass's plain graph, attention probabilities or
+hooks, and a pass of its own beside it otherwise.
 
 The built-in fields (``TRACE_FIELDS``) are captured here; a plugin adds a field with a
 :class:`TraceField` returned by the ``attrib_bench_trace_fields`` hook: the modules to hook and
@@ -21,8 +24,9 @@ from attrib_bench.core.errors import UsageError
 from attrib_bench.core.interfaces import Batch
 from attrib_bench.core.loaded_model import LoadedModel, target_logits
 from attrib_bench.core.target import DEFAULT_TARGET, Target
-from attrib_bench.core.trace import Trace, default_target_position
-from attrib_bench.core.trace_fields import TRACE_FIELDS, TraceField
+from attrib_bench.core.trace import LRPGraph, Trace, default_target_position
+from attrib_bench.core.trace_fields import LRP_GRAPH_FIELDS, TRACE_FIELDS, TraceField
+from attrib_bench.toolkit.lrp_rules import rules
 
 
 def _detached(value: Any) -> Any:
@@ -68,6 +72,32 @@ def _keep_graph(
 
         handles.append(module.register_forward_hook(keep))
     return handles
+
+
+def _unreached(loaded: LoadedModel, record: dict[str, Any]) -> str | None:
+    """Why the rules of a finished pass did not reach the model's attention, or None."""
+    if record["calls"]:
+        return None
+    return (
+        f"{loaded.model.config.model_type} does not run its attention through transformers' "
+        "attention interface, so the rules cannot reach it"
+    )
+
+
+def _lrp_pass(loaded: LoadedModel, batch: Batch, variant: str, positions_B: torch.Tensor):
+    """A forward pass of its own under ``variant``'s LRP rules, kept in its graph."""
+    layers: dict[str, torch.Tensor] = {}
+    handles = _keep_graph(loaded, layers)
+    try:
+        with torch.enable_grad(), rules(loaded.model, variant) as record:
+            out = loaded.model(**batch.model_inputs())
+    except UsageError as error:  # a norm the rules do not know: the method says so
+        return LRPGraph(None, {}, str(error))
+    finally:
+        for handle in handles:
+            handle.remove()
+    logits_BC = target_logits(loaded, out.logits, positions_B)
+    return LRPGraph(logits_BC, layers, _unreached(loaded, record))
 
 
 def trace_batch(
@@ -132,18 +162,30 @@ def trace_batch(
         graph_layers: dict[str, torch.Tensor] = {}
         if graph:
             handles += _keep_graph(loaded, graph_layers)
+        # A pass under LRP rules changes no forward value, so it is the traced pass itself when
+        # nothing else reads this pass's graph or attention probabilities or hooks it.
+        variants = [LRP_GRAPH_FIELDS[name] for name in sorted(needed & set(LRP_GRAPH_FIELDS))]
+        shared = variants[0] if variants and not (graph or kept or "attentions" in needed) else None
+        lrp_layers: dict[str, torch.Tensor] = {}
+        if shared:
+            handles += _keep_graph(loaded, lrp_layers)
         # Eager where the pass is read for attention probabilities or hooked by a plugin's field
         # (a module's call may differ between implementations), sdpa otherwise.
         implementation = EAGER if "attentions" in needed or kept else FAST
-        with (
-            torch.set_grad_enabled(graph),
-            attention_implementation(loaded.model, implementation),
-        ):
-            out = loaded.model(
-                **batch.model_inputs(),
-                output_attentions="attentions" in needed,
-                output_hidden_states=hidden,
-            )
+        with torch.set_grad_enabled(graph or bool(shared)):
+            if shared:
+                try:
+                    with rules(loaded.model, shared) as record:
+                        out = loaded.model(**batch.model_inputs(), output_hidden_states=hidden)
+                except UsageError:  # a norm the rules do not know: a plain pass, as without
+                    shared, lrp_layers = None, {}
+            if not shared:
+                with attention_implementation(loaded.model, implementation):
+                    out = loaded.model(
+                        **batch.model_inputs(),
+                        output_attentions="attentions" in needed,
+                        output_hidden_states=hidden,
+                    )
     finally:
         for handle in handles:
             handle.remove()
@@ -157,6 +199,12 @@ def trace_batch(
     resolved = target.resolved(default_target_position(loaded))
     positions_B = resolved.positions(batch.attention_mask_BN)
     logits_BC = target_logits(loaded, out.logits, positions_B)
+    lrp_graphs = {}
+    if shared:
+        lrp_graphs[shared] = LRPGraph(logits_BC, lrp_layers, _unreached(loaded, record))
+    for variant in variants:
+        if variant not in lrp_graphs:
+            lrp_graphs[variant] = _lrp_pass(loaded, batch, variant, positions_B)
     return Trace(
         batch=batch,
         loaded=loaded,
@@ -167,6 +215,7 @@ def trace_batch(
         graph_layers=graph_layers,
         graph_attentions=tuple(out.attentions or ()) if graph else (),
         graph_hidden_states=tuple(out.hidden_states or ()) if graph else (),
+        lrp_graphs=lrp_graphs,
         values=tuple(captured["values"]),
         pre_ln1=tuple(captured["pre_ln1"]),
         pre_ln2=tuple(captured["pre_ln2"]),

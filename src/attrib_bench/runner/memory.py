@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from attrib_bench.core import clock
+from attrib_bench.core.trace_fields import LRP_GRAPH_FIELDS
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MEGABYTE = 2**20
@@ -161,8 +162,8 @@ def standalone_megabytes(
     Its own peak above the start of its call, plus the trace fields it declares (built-in or
     registered by a plugin) and every shared intermediate it read that another method computed
     first (which its own peak cannot see). A method that backpropagates through the trace's
-    forward pass (``embedding_graph``) also holds that pass's peak, ``trace_megabytes``: the
-    activations its graph keeps.
+    forward pass (``embedding_graph``, or a pass under LRP rules) also holds that pass's peak,
+    ``trace_megabytes``: the activations its graph keeps.
     """
     plugin_fields = getattr(trace, "plugin_fields", {})
     fields = [
@@ -172,5 +173,6 @@ def standalone_megabytes(
     ]
     fields += [plugin_fields[name] for name in requires if name in plugin_fields]
     shared = [trace.shared[key] for key in trace.accessed & computed_before if key in trace.shared]
-    graph = trace_megabytes if "embedding_graph" in requires else 0.0
+    graphs = {"embedding_graph", *LRP_GRAPH_FIELDS}
+    graph = trace_megabytes if graphs & set(requires) else 0.0
     return peak_megabytes + graph + tensor_megabytes(fields) + tensor_megabytes(shared)
