@@ -135,6 +135,20 @@ def save_tiny_decoder(directory: Path, kind: str, tied: bool | None = None) -> P
     return directory
 
 
+def load_float64(family: str, tiny_bert: Path, tmp_path_factory) -> LoadedModel:
+    """The tiny BERT fixture (``family="bert"``) or a tiny ``llama``/``gpt2`` decoder, loaded
+    and converted to float64: what reference tests compare against definitions."""
+    from attrib_bench.model.load import load_model
+
+    if family == "bert":
+        directory = tiny_bert
+    else:
+        directory = save_tiny_decoder(tmp_path_factory.mktemp(family), family)
+    loaded = load_model(str(directory), "cpu", architectures=ARCHITECTURES)
+    loaded.model.double()
+    return loaded
+
+
 def randomize_norms_and_biases(model: torch.nn.Module) -> None:
     """Norm weights in [0.5, 1.5] and biases N(0, 0.1), in place: at initialisation they are 1
     and 0, which would hide the bias terms of a decomposition."""

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from helpers import ARCHITECTURES, examples, one_batch, save_tiny_decoder
+from helpers import ARCHITECTURES, examples, load_float64, one_batch
 
 from attrib_bench.core.attention_kernels import EAGER, attention_implementation
 from attrib_bench.core.errors import UsageError
@@ -28,13 +28,7 @@ MODULES = {
 
 @pytest.fixture(scope="module", params=["bert", "llama", "gpt2"])
 def family64(request, tiny_bert, tmp_path_factory):
-    if request.param == "bert":
-        directory = tiny_bert
-    else:
-        directory = save_tiny_decoder(tmp_path_factory.mktemp(request.param), request.param)
-    loaded = load_model(str(directory), "cpu", architectures=ARCHITECTURES)
-    loaded.model.double()
-    return request.param, loaded
+    return request.param, load_float64(request.param, tiny_bert, tmp_path_factory)
 
 
 def official_configs(embeddings_ND: torch.Tensor, factor: float, threshold: float | None):

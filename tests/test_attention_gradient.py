@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import ARCHITECTURES, examples, one_batch, save_tiny_decoder
+from helpers import ARCHITECTURES, examples, load_float64, one_batch
 
 from attrib_bench.core.attention_kernels import EAGER, attention_implementation
 from attrib_bench.model.load import load_model
@@ -27,13 +27,7 @@ METHODS = (GenericAttentionExplainability(), GradSAM(), AttentionXGradient(), At
 
 @pytest.fixture(scope="module", params=["bert", "llama", "gpt2"])
 def loaded64(request, tiny_bert, tmp_path_factory):
-    if request.param == "bert":
-        directory = tiny_bert
-    else:
-        directory = save_tiny_decoder(tmp_path_factory.mktemp(request.param), request.param)
-    loaded = load_model(str(directory), "cpu", architectures=ARCHITECTURES)
-    loaded.model.double()
-    return loaded
+    return load_float64(request.param, tiny_bert, tmp_path_factory)
 
 
 def attentions_and_gradients(loaded, ids_N: torch.Tensor, position: int, label: int):

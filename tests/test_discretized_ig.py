@@ -12,7 +12,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import torch
-from helpers import ARCHITECTURES, examples, one_batch, save_tiny_decoder
+from helpers import ARCHITECTURES, examples, load_float64, one_batch
 
 from attrib_bench.core.errors import UsageError
 from attrib_bench.model.load import load_model
@@ -130,13 +130,7 @@ def official_row(loaded, ids_N, ref_N, position, label, steps, strategy, k) -> t
 
 @pytest.fixture(scope="module", params=["bert", "gpt2"])
 def loaded64(request, tiny_bert, tmp_path_factory):
-    if request.param == "bert":
-        directory = tiny_bert
-    else:
-        directory = save_tiny_decoder(tmp_path_factory.mktemp(request.param), request.param)
-    loaded = load_model(str(directory), "cpu", architectures=ARCHITECTURES)
-    loaded.model.double()
-    return loaded
+    return load_float64(request.param, tiny_bert, tmp_path_factory)
 
 
 @pytest.mark.parametrize(
