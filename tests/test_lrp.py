@@ -171,3 +171,24 @@ def test_alone_the_rules_pass_is_the_traced_pass(bert64, method):
     assert _forward_calls(bert64.model, beside) == 2
     rows = method.attribute(traces["beside"]).aggregated_BLN
     torch.testing.assert_close(rows, traces["rows"], rtol=1e-12, atol=1e-14)
+
+
+def test_a_pass_the_rules_break_fails_the_lrp_method_only(bert64, monkeypatch):
+    """A forward pass that raises under the rules takes the LRP method down with one line; the
+    trace, and every other method of the batch, still gets its plain pass."""
+    from attrib_bench import UsageError
+    from attrib_bench.toolkit import lrp_rules
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("kernel not available")
+
+    monkeypatch.setattr(lrp_rules, "_layer_norm", broken)
+    batch = one_batch(bert64, examples())
+    trace = trace_batch(bert64, batch, CPLRP.requires | {"attentions"})
+    assert len(trace.attentions) == bert64.model.config.num_hidden_layers
+    with pytest.raises(UsageError, match=r"^cp-lrp: the forward pass under the rules failed"):
+        CPLRP().attribute(trace)
+    alone = trace_batch(bert64, batch, CPLRP.requires)  # the shared pass falls back to plain
+    torch.testing.assert_close(alone.logits_BC, trace.logits_BC, rtol=1e-12, atol=1e-12)
+    with pytest.raises(UsageError, match=r"^cp-lrp: the forward pass under the rules failed"):
+        CPLRP().attribute(alone)

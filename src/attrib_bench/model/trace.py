@@ -93,6 +93,8 @@ def _lrp_pass(loaded: LoadedModel, batch: Batch, variant: str, positions_B: torc
             out = loaded.model(**batch.model_inputs())
     except UsageError as error:  # a norm the rules do not know: the method says so
         return LRPGraph(None, {}, str(error))
+    except Exception as error:  # the LRP method fails, not the batch's other methods
+        return LRPGraph(None, {}, f"the forward pass under the rules failed: {error!r}")
     finally:
         for handle in handles:
             handle.remove()
@@ -177,7 +179,8 @@ def trace_batch(
                 try:
                     with rules(loaded.model, shared) as record:
                         out = loaded.model(**batch.model_inputs(), output_hidden_states=hidden)
-                except UsageError:  # a norm the rules do not know: a plain pass, as without
+                except Exception:  # e.g. a norm the rules do not know: a plain pass, as
+                    # without them; the pass of its own below tells the method why
                     shared, lrp_layers = None, {}
             if not shared:
                 with attention_implementation(loaded.model, implementation):
