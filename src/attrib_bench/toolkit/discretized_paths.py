@@ -16,8 +16,9 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import nn
 
-#: Per embedding module: its matrix in float64 and squared norms, and the neighbour rows computed
-#: so far (word -> its k nearest), valid while the weight's storage and version are the same.
+#: Per embedding module: its matrix and squared norms (in the weight's dtype, as the official
+#: code's scikit-learn graph on the float32 matrix), and the neighbour rows computed so far
+#: (word -> its k nearest), valid while the weight's storage and version are the same.
 _MEMO: WeakKeyDictionary[nn.Module, dict] = WeakKeyDictionary()
 
 
@@ -26,8 +27,8 @@ def _memo(lookup: nn.Module, k: int) -> dict:
     stamp = (weight.data_ptr(), weight.dtype, weight._version, k)
     memo = _MEMO.get(lookup)
     if memo is None or memo["stamp"] != stamp:
-        words64 = weight.detach().double()
-        memo = {"stamp": stamp, "words": words64, "norms": words64.pow(2).sum(dim=-1), "rows": {}}
+        words = weight.detach()
+        memo = {"stamp": stamp, "words": words, "norms": words.pow(2).sum(dim=-1), "rows": {}}
         _MEMO[lookup] = memo
     return memo
 
@@ -40,11 +41,11 @@ def neighbours(lookup: nn.Module, words: list[int], k: int) -> list[torch.Tensor
     rows = memo["rows"]
     missing = sorted({w for w in words if w not in rows})
     if missing:
-        words64, norms = memo["words"], memo["norms"]
-        index = torch.tensor(missing, device=words64.device)
-        squared_MV = norms[index, None] - 2 * words64[index] @ words64.T + norms[None]
+        matrix_VD, norms_V = memo["words"], memo["norms"]
+        index = torch.tensor(missing, device=matrix_VD.device)
+        squared_MV = norms_V[index, None] - 2 * matrix_VD[index] @ matrix_VD.T + norms_V[None]
         squared_MV[torch.arange(len(missing)), index] = torch.inf
-        count = min(k, words64.shape[0] - 1)
+        count = min(k, matrix_VD.shape[0] - 1)
         nearest = torch.topk(squared_MV, count, dim=-1, largest=False, sorted=True).indices
         rows.update(zip(missing, nearest.cpu(), strict=True))
     return [rows[w] for w in words]
@@ -52,14 +53,10 @@ def neighbours(lookup: nn.Module, words: list[int], k: int) -> list[torch.Tensor
 
 def monotonic(baseline_D: torch.Tensor, end_D: torch.Tensor, points_CD: torch.Tensor):
     """Per dimension, whether each point lies between ``baseline`` and ``end`` (equal to both
-    where they are equal): the official ``monotonic(..., ret='vec')``, (C, D)."""
-    above = baseline_D > end_D
-    below = baseline_D < end_D
-    equal = baseline_D == end_D
-    return (
-        above & (points_CD <= baseline_D) & (points_CD >= end_D)
-        | below & (points_CD >= baseline_D) & (points_CD <= end_D)
-        | equal & (points_CD == baseline_D) & (points_CD == end_D)
+    where they are equal): the official ``monotonic(..., ret='vec')``, (C, D), as one interval
+    test."""
+    return (points_CD >= torch.minimum(baseline_D, end_D)) & (
+        points_CD <= torch.maximum(baseline_D, end_D)
     )
 
 
@@ -72,35 +69,46 @@ def made_monotonic(
     return torch.where(monotonic(baseline_D, end_D, points_CD), points_CD, step_D)
 
 
-def next_anchor(
+#: Paths whose candidate anchors are scored in one tensor, (tokens, k, D): bounds memory.
+_TOKENS_AT_ONCE = 32
+
+
+def next_anchors(
     words_VD: torch.Tensor,
-    word: int,
-    near: torch.Tensor,
-    baseline: int,
-    path: list[int],
+    near_PK: torch.Tensor,
+    baselines: list[int],
+    paths: list[list[int]],
     strategy: str,
     steps: int,
-) -> int:
-    """The official ``find_next_wrd``: among ``word``'s neighbours ``near`` other than the
-    baseline and the path's words, the one closest to its monotonic version (``greedy``) or with
-    the fewest non-monotonic dimensions (``maxcount``); ties to the nearer neighbour. The
-    baseline when none is left, or when ``word`` is the baseline."""
-    if word == baseline:
-        return baseline
-    candidates = [j for j in near.tolist() if j != baseline]
-    if not candidates:
-        return baseline
-    points_CD = words_VD[candidates]
-    if strategy == "greedy":
-        moved = made_monotonic(words_VD[baseline], words_VD[word], points_CD, steps)
-        key_C = (points_CD - moved).norm(dim=-1)
-    else:
-        key_C = -monotonic(words_VD[baseline], words_VD[word], points_CD).sum(dim=-1)
-    taken = set(path)
-    for index in torch.sort(key_C, stable=True).indices.tolist():
-        if candidates[index] not in taken:
-            return candidates[index]
-    return baseline
+) -> list[int]:
+    """The official ``find_next_wrd`` for each path's last word, its neighbours ``near_PK``:
+    among them, other than the baseline and the path's words, the one closest to its monotonic
+    version (``greedy``) or with the fewest non-monotonic dimensions (``maxcount``); ties to the
+    nearer neighbour. The baseline when none is left, or when the last word is the baseline.
+    Scored for up to ``_TOKENS_AT_ONCE`` paths in one tensor."""
+    out = []
+    for start in range(0, len(paths), _TOKENS_AT_ONCE):
+        chunk = slice(start, start + _TOKENS_AT_ONCE)
+        near = near_PK[chunk]
+        lasts = torch.tensor([path[-1] for path in paths[chunk]])
+        bases = torch.tensor(baselines[chunk])
+        points_PKD = words_VD[near]
+        base_P1D, end_P1D = words_VD[bases][:, None], words_VD[lasts][:, None]
+        if strategy == "greedy":
+            moved = made_monotonic(base_P1D, end_P1D, points_PKD, steps)
+            key_PK = (points_PKD - moved).norm(dim=-1)
+        else:
+            key_PK = -monotonic(base_P1D, end_P1D, points_PKD).sum(dim=-1).to(words_VD.dtype)
+        order_PK = torch.sort(key_PK, dim=-1, stable=True).indices
+        for row, path in enumerate(paths[chunk]):
+            base = int(bases[row])
+            chosen = base
+            if path[-1] != base:
+                taken = {*path, base}
+                candidates = near[row, order_PK[row]].tolist()
+                chosen = next((j for j in candidates if j not in taken), base)
+            out.append(chosen)
+    return out
 
 
 def word_paths(
@@ -113,13 +121,15 @@ def word_paths(
 ) -> list[list[int]]:
     """The official ``find_word_path`` of each word of the embedding module ``lookup``: itself
     and ``steps`` anchors towards its baseline; the paths advance together, so each step's new
-    neighbour rows are one product."""
+    neighbour rows are one product and its candidates one tensor."""
     words_VD = lookup.weight.detach()
     paths = [[word] for word in words]
     for _ in range(steps):
-        near = neighbours(lookup, [path[-1] for path in paths], k)
-        for path, base, row in zip(paths, baselines, near, strict=True):
-            path.append(next_anchor(words_VD, path[-1], row, base, path, strategy, steps))
+        near_PK = torch.stack(neighbours(lookup, [path[-1] for path in paths], k))
+        for path, anchor in zip(
+            paths, next_anchors(words_VD, near_PK, baselines, paths, strategy, steps), strict=True
+        ):
+            path.append(anchor)
     return paths
 
 
