@@ -121,6 +121,7 @@ class AtMan(Configurable):
     """
 
     name = "atman"
+    passes = "n + 1 forward per example of n tokens, batched"
     description = (
         "AtMan (Deiseroth 2023): drop of the target's log-probability when attention to a token "
         "(and its cosine neighbours) is suppressed in every layer"

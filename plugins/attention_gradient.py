@@ -67,6 +67,7 @@ class GenericAttentionExplainability(_AttentionGradient):
     """
 
     name = "gae"
+    passes = "1 backward per batch, through the traced pass (shared with the others)"
     description = "Chefer et al. 2021: rollout of I + head mean of (grad A * A)+, one backward"
 
     def attribute(self, trace: Trace) -> Attribution:
@@ -92,6 +93,7 @@ class GradSAM(_AttentionGradient):
     """
 
     name = "grad-sam"
+    passes = "1 backward per batch, through the traced pass (shared with the others)"
     description = "Grad-SAM (Barkan et al. 2021): mean of A * ReLU(grad A) over layers, heads, rows"
 
     def attribute(self, trace: Trace) -> Attribution:
@@ -117,6 +119,7 @@ class AttentionXGradient(_AttentionGradient):
     """
 
     name = "attention-x-gradient"
+    passes = "1 backward per batch, through the traced pass (shared with the others)"
     description = "Attention times its gradient, head mean, target row per layer (signed)"
 
     def attribute(self, trace: Trace) -> Attribution:
@@ -142,6 +145,7 @@ class AttCAT(_AttentionGradient):
     """
 
     name = "attcat"
+    passes = "1 backward per batch, through the traced pass (shared with the others)"
     description = "AttCAT (Qiang et al. 2022): hidden state x gradient, weighted by attention"
     requires = frozenset({"attentions", "hidden_states", "embedding_graph"})
 

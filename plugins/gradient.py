@@ -175,6 +175,7 @@ class Saliency(_EmbeddingGradient):
     """
 
     name = "saliency"
+    passes = "1 backward per batch, through the traced pass (shared with gradient)"
     requires = frozenset({"embedding_graph"})
     description = "Gradient x input at the embedding output, L2 per token (as Captum's)"
     multiply_by_inputs = True
@@ -196,6 +197,7 @@ class Gradient(Saliency):
     """
 
     name = "gradient"
+    passes = "1 backward per batch, shared with saliency"
     description = "Plain gradient at the embedding output, L2 per token (as Captum's)"
     multiply_by_inputs = False
 
@@ -221,6 +223,7 @@ class IntegratedGradients(_EmbeddingGradient):
     """
 
     name = "integrated-gradients"
+    passes = "steps forward and backward per example"
     description = "Integrated Gradients on the embeddings, [PAD] baseline (Captum; steps=50)"
     parameters = {**_EmbeddingGradient.parameters, "steps": 50, "chunk_tokens": 2048}
     parameter_docs = {
@@ -288,6 +291,7 @@ class SequentialIntegratedGradients(IntegratedGradients):
     """
 
     name = "sequential-integrated-gradients"
+    passes = "steps forward and backward per token"
     in_default_run = False
     description = "Sequential IG: one IG path per token, the others fixed ([MASK] baseline)"
     parameters = {**IntegratedGradients.parameters, "baseline": "auto"}
@@ -353,6 +357,7 @@ class DiscretizedIntegratedGradients(_EmbeddingGradient):
     """
 
     name = "discretized-integrated-gradients"
+    passes = "steps + 2 forward and backward per example"
     in_default_run = False  # (steps + 2) forward and backward passes per example
     description = "Discretized IG: a path through anchor words to the [PAD] baseline (steps=30)"
     parameters = {
@@ -473,6 +478,7 @@ class DeepLift(_EmbeddingGradient):
     """
 
     name = "deeplift"
+    passes = "2 forward and 1 backward per example (input and baseline)"
     in_default_run = False  # 12x a forward pass on MiniLM (two passes and a backward, hooked)
     description = "DeepLift (rescale) on the embeddings, [PAD] baseline (Captum LayerDeepLift)"
 
@@ -516,6 +522,7 @@ class GradientShap(_EmbeddingGradient):
     """
 
     name = "gradient-shap"
+    passes = "samples forward and backward per example"
     in_default_run = False  # 51x a forward pass on MiniLM at samples=16
     description = "GradientSHAP on the embeddings, random-token baselines (Captum; samples=16)"
     parameters = {
@@ -595,6 +602,7 @@ class _NoiseTunnel(_EmbeddingGradient):
 
     nt_type: str
     in_default_run = False  # samples forward and backward passes per example
+    passes = "samples forward and backward per example"
     least_samples = 1
     parameters = {
         **_EmbeddingGradient.parameters,
@@ -729,6 +737,7 @@ class CPLRP(_LRP):
     """
 
     name = "cp-lrp"
+    passes = "1 backward per batch, through the traced pass run under the rules"
     description = "CP-LRP (Ali et al. 2022): grad x input, softmax and norm scale held constant"
     variant = "cp"
     requires = frozenset({"cp_lrp_graph"})
@@ -743,6 +752,7 @@ class AttnLRP(_LRP):
     """
 
     name = "attnlrp"
+    passes = "1 backward per batch, through the traced pass run under the rules"
     description = "AttnLRP (Achtibat et al. 2024), LXT's efficient rules: one forward, one backward"
     variant = "attn"
     requires = frozenset({"attn_lrp_graph"})

@@ -30,6 +30,7 @@ class HiddenTokenAttribution(Configurable):
     """
 
     name = "hta"
+    passes = "d backward per layer and example (norm=sum: 1 per layer)"
     description = "Hidden-token attribution (Brunner et al. 2020): Jacobian-norm share per layer"
     requires = frozenset({"hidden_states"})
     #: It runs the layers one by one through the adapter: any family with a spec will do.

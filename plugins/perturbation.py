@@ -134,6 +134,7 @@ class Occlusion(_TokenPerturbation):
     """
 
     name = "occlusion"
+    passes = "n forward per example of n content tokens, batched"
     in_default_run = False  # 32x a forward pass on MiniLM (one pass per token, batched)
     description = "Leave-one-out: score drop with each token set to [MASK] (Captum FeatureAblation)"
 
@@ -156,6 +157,7 @@ class ShapleyValueSampling(_TokenPerturbation):
     """
 
     name = "shapley-value-sampling"
+    passes = "samples x n forward per example, batched"
     description = "Shapley value sampling over tokens, [MASK] baseline (Captum; samples=25)"
     in_default_run = False
     parameters = {**_TokenPerturbation.parameters, "samples": 25}
@@ -184,6 +186,7 @@ class KernelShap(_TokenPerturbation):
     """
 
     name = "kernel-shap"
+    passes = "samples forward per example, batched"
     description = "KernelSHAP over tokens, [MASK] baseline (Captum; samples=200)"
     in_default_run = False
     parameters = {**_TokenPerturbation.parameters, "samples": 200}
@@ -214,6 +217,7 @@ class Lime(_TokenPerturbation):
     """
 
     name = "lime"
+    passes = "samples forward per example, batched"
     description = "LIME over tokens, [MASK] baseline (Captum; samples=200)"
     in_default_run = False
     parameters = {**_TokenPerturbation.parameters, "samples": 200, "regression": "ridge"}

@@ -99,6 +99,7 @@ class ValueZeroing(Configurable):
     """
 
     name = "value-zeroing"
+    passes = "n + 1 reruns of every layer per example of n tokens"
     description = (
         "Value zeroing (Mohebbi 2023): cosine distance of each layer's output when a token's "
         "values are zeroed; rollout without residual"

@@ -100,8 +100,12 @@ def test_list_piped_folds_long_cells_instead_of_cutting_them(run_cli):
         expected = _parameters_text(entry["parameters"]).replace(" ", "").replace("\n", "")
         assert whole(entry["name"], 2) == expected, entry["name"]
         assert whole(entry["name"], 4) == entry["plugin"].replace(" ", ""), entry["name"]
-        description = f"{entry['description']}Reference:{entry['reference']}".replace(" ", "")
-        assert whole(entry["name"], 1) == description, entry["name"]
+        facts = [f"family:{entry['family']}"] if entry["family"] else []
+        facts += [f"passes:{entry['passes']}"] if entry["passes"] else []
+        needs = ",".join(f"{k}={v}" for k, v in entry["needs"].items())
+        facts += [f"needs:{needs}"] if needs else []
+        description = f"{entry['description']}Reference:{entry['reference']}" + ";".join(facts)
+        assert whole(entry["name"], 1) == description.replace(" ", ""), entry["name"]
     assert "chunk_elements=16777216" in whole("alti", 2)
 
 
@@ -114,6 +118,8 @@ def test_list_json_schema_and_builtin_sources(run_cli):
         for entry in listing[kind]:
             keys = {"name", "description", "family", "parameters", "default_run"}
             keys |= {"compares_models", "plugin", "reference"}
+            if kind == "attributors":
+                keys |= {"passes", "needs"}
             assert set(entry) == keys
             assert entry["description"].strip()
         names = [entry["name"] for entry in listing[kind]]

@@ -45,6 +45,7 @@ OPTIONAL = (
     "choices",
     "parameter_docs",
     "family",
+    "passes",
 )
 #: A reference names a year and a quoted title, or says plainly that there is none.
 CITATION = re.compile(r'^(none \(.+\)\.|.* (19|20)\d\d, ".+", .+)$')
@@ -254,6 +255,10 @@ def test_list_plugins_shows_references_and_parameter_docs(tmp_path):
     assert rollout["parameters"]["residual"]["doc"].endswith("in [0, 1)")
     assert rows["spearman"]["parameters"]["drop_special"]["doc"]
     assert rows["random"]["reference"].startswith("none (")
+    # What a method costs in passes and which family capabilities it needs.
+    assert rows["atman"]["passes"] == "n + 1 forward per example of n tokens, batched"
+    assert rows["value-zeroing"]["needs"] == {"block": "post-ln", "mask": "bidirectional"}
+    assert (rows["rollout"]["passes"], rows["rollout"]["needs"]) == ("", {})
     # A third party's plugin that documents nothing still loads, with the empty defaults.
     plain = rows["plain"]
     assert (plain["reference"], plain["family"]) == ("", "")
@@ -267,6 +272,7 @@ def test_list_plugins_shows_references_and_parameter_docs(tmp_path):
         ('parameter_docs = {"width": 3}', "`parameter_docs` must be a dict of parameter name"),
         ('parameter_docs = {"height": "x"}', "documents parameters it does not have: ['height']"),
         ("family = 3", "`family` must be a string, not 3"),
+        ("passes = 2", "`passes` must be a string (the passes it costs, in words), not 2"),
     ],
 )
 def test_a_wrong_documentation_type_is_one_usage_error_naming_the_plugin(tmp_path, extra, needle):

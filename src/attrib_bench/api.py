@@ -332,6 +332,12 @@ def _plugin_rows(registry: Registry, kind: str) -> list[dict[str, Any]]:
             "plugin": reg.source,
             # The class docstring's ``Reference:`` line: the paper, or why there is none.
             "reference": reg.info.reference,
+            # An attributor's cost in model passes and the family capabilities it needs.
+            **(
+                {"passes": reg.info.passes, "needs": dict(reg.info.needs or {})}
+                if kind == "attributors"
+                else {}
+            ),
         }
         for name, reg in sorted(getattr(registry, kind).items())
     ]

@@ -446,6 +446,12 @@ def _list(args: argparse.Namespace, out: Console) -> int:
         for row in listing[kind]:
             paper = row["reference"]
             reference = f"\n[dim]Reference: {escape(paper)}[/]" if paper else ""
+            facts = [f"family: {row['family']}" if row["family"] else ""]
+            facts.append(f"passes: {row['passes']}" if row.get("passes") else "")
+            needs = ", ".join(f"{k}={v}" for k, v in row.get("needs", {}).items())
+            facts.append(f"needs: {needs}" if needs else "")
+            shown = "; ".join(fact for fact in facts if fact)
+            reference += f"\n[dim]{escape(shown)}[/]" if shown else ""
             table.add_row(
                 row["name"],
                 escape(row["description"]) + reference,

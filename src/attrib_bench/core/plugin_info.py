@@ -76,6 +76,8 @@ class AttributorInfo(PluginInfo):
     #: What each example's row sums to, one of ``COMPLETENESS``; None: it claims nothing.
     #: The ``completeness`` evaluator reports the gap, the conformance kit checks it.
     completeness: str | None = None
+    #: The model passes it costs beyond the traced forward pass, in words ("" not stated).
+    passes: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,7 +198,14 @@ def attributor_problems(obj: Any) -> tuple[dict[str, Any], list[str]]:
             "with completeness='score-change', define `completeness_baseline(self, trace)`: the "
             "baseline's token ids (B, N)"
         )
+    passes = getattr(obj, "passes", "")
+    if not isinstance(passes, str):
+        problems.append(
+            f"`passes` must be a string (the passes it costs, in words), not {passes!r}"
+        )
+        passes = ""
     values |= {
+        "passes": passes,
         "requires": frozenset(requires),
         "needs": None if needs is None else MappingProxyType(dict(needs)),
         "target_positions": positions,
@@ -295,6 +304,9 @@ class AttributorBase:
     #: "score-change", f(x) - f(x') with ``completeness_baseline(trace)`` giving x' as token ids
     #: (B, N). None claims nothing; a claim is checked by the conformance kit.
     completeness: ClassVar[str | None] = None
+    #: The model passes it costs beyond the traced forward pass, in words ("1 backward",
+    #: "n + 1 forward per example of n tokens"): ``attrib-bench list`` shows it.
+    passes: ClassVar[str] = ""
 
 
 class EvaluatorBase:
