@@ -35,7 +35,8 @@ two separate processes, alternated ``--rounds`` times (ours first): attrib-bench
 of all prompts, as ``attrib-bench run`` would do them with ``--batch-size`` >= n) and Inseq in its
 environment (one ``attribute`` call per prompt and method: Inseq's per-prompt loop). Each process
 times the attribution alone (``time.perf_counter``) and reports its peak resident memory
-(``resource.getrusage`` ``ru_maxrss``, which includes the loaded model).
+(``VmHWM`` of /proc/self/status, which includes the loaded model; not ``ru_maxrss``,
+which Linux carries over from the parent across fork and exec).
 
     python benchmarks/inseq_side_by_side.py [--n 32] [--rounds 3] [--venv DIR]
 
@@ -49,7 +50,6 @@ import csv
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -141,7 +141,7 @@ for method in job["methods"]:
 seconds = time.perf_counter() - start
 out = {
     "seconds": seconds,
-    "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    "maxrss_kib": int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]),
     "per_method": clock,
     "inseq": importlib.metadata.version("inseq"),
 }
@@ -149,6 +149,14 @@ if job["keep_rows"]:
     torch.save(rows, sys.argv[2] + ".pt")
 json.dump(out, open(sys.argv[2], "w"))
 """
+
+
+def peak_rss_kib() -> int:
+    """This process's peak resident memory since its exec (VmHWM). Not ru_maxrss: Linux
+    carries the parent's high-water mark across fork and exec, so a child of a large parent
+    reports the parent's peak."""
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0])
 
 
 def load_prompts(n: int) -> list[str]:
@@ -198,7 +206,7 @@ def ours_worker(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     ours_pass(loaded, prompts, methods, clock)
     seconds = time.perf_counter() - start
-    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    maxrss = peak_rss_kib()
     Path(args.worker_out).write_text(
         json.dumps({"seconds": seconds, "maxrss_kib": maxrss, "per_method": clock})
     )
@@ -373,6 +381,10 @@ def main() -> None:
             "seconds": [r["seconds"] for r in runs],
             "peak_rss_mib": max(r["maxrss_kib"] for r in runs) / 1024,
             "peak_rss_mib_median": statistics.median(r["maxrss_kib"] for r in runs) / 1024,
+            "per_method_median_seconds": {
+                key: statistics.median(r["per_method"][key] for r in runs)
+                for key in runs[0]["per_method"]
+            },
         }
     ratio = speed["inseq"]["median_seconds"] / speed["attrib-bench"]["median_seconds"]
     paired = [
@@ -456,6 +468,23 @@ def markdown(doc: dict) -> str:
         runs = ", ".join(f"{x:.1f}" for x in entry["seconds"])
         lines.append(
             f"| {side} | {entry['median_seconds']:.2f} | {runs} | {entry['peak_rss_mib']:.0f} |"
+        )
+    ours_m = s["attrib-bench"]["per_method_median_seconds"]
+    theirs_m = s["inseq"]["per_method_median_seconds"]
+    lines += [
+        "",
+        "Per method, median seconds (ours: the traced pass, which also gives the attention, "
+        "and one backward shared by `gradient` and `saliency`, are counted apart):",
+        "",
+        "| Inseq method | Inseq | ours | ratio |",
+        "|---|---:|---:|---:|",
+    ]
+    shared = ours_m["trace"]
+    for key, theirs in theirs_m.items():
+        ours = ours_m[key]
+        lines.append(
+            f"| `{key}` | {theirs:.3f} | {ours:.3f} (+ trace {shared:.3f}) | "
+            f"{theirs / (ours + shared):.1f} |"
         )
     ratio = doc["throughput_ratio_inseq_over_ours"]
     met = ratio >= 2 and s["attrib-bench"]["peak_rss_mib"] <= s["inseq"]["peak_rss_mib"]
