@@ -38,7 +38,7 @@ import numpy as np
 import attrib_bench
 from attrib_bench import Attribution, Configurable, EvalContext, UsageError
 from attrib_bench.data.rationales import word_scores
-from attrib_bench.toolkit.ranking import ratio_k, scored_row
+from attrib_bench.toolkit.ranking import auprc, ratio_k, scored_row
 
 
 def top_k_words(scores: np.ndarray, k: int) -> np.ndarray:
@@ -86,22 +86,6 @@ def iou_prf(
     precision = hits / len(predicted_spans) if predicted_spans else 0.0
     recall = hits / len(true_spans) if true_spans else 0.0
     return precision, recall, f1(precision, recall)
-
-
-def auprc(truth: np.ndarray, scores: np.ndarray) -> float:
-    """Area under the precision-recall curve, as ``sklearn.metrics.auc(recall, precision)``
-    over ``precision_recall_curve(truth, scores)``: one point per distinct score threshold plus
-    (recall 0, precision 1), joined by straight lines. NaN without a positive."""
-    if not truth.any():
-        return math.nan
-    order = np.argsort(-scores, kind="mergesort")
-    ranked_scores, ranked_truth = scores[order], truth[order].astype(float)
-    last_of_threshold = np.r_[np.flatnonzero(np.diff(ranked_scores)), len(ranked_truth) - 1]
-    true_positives = np.cumsum(ranked_truth)[last_of_threshold]
-    precision = true_positives / (last_of_threshold + 1)
-    recall = true_positives / true_positives[-1]
-    precision, recall = np.r_[1.0, precision], np.r_[0.0, recall]
-    return float(np.sum(np.diff(recall) * (precision[1:] + precision[:-1]) / 2))
 
 
 class Plausibility(Configurable, ABC):

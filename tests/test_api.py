@@ -109,11 +109,12 @@ def test_every_command_has_its_api_function():
         "report": "report",
         "cache": "clear_cache",
         "meta": "meta",
+        "context": "context",
     }
     assert set(cli.COMMANDS) == set(called)
     for command, handler in cli.COMMANDS.items():
         source = inspect.getsource(handler)
         assert "from attrib_bench.api import" in source and called[command] in source, command
         assert callable(getattr(api, called[command]))
-        for package in ("model", "runner", "analyses", "data", "toolkit"):
+        for package in ("model", "runner", "analyses", "segments", "data", "toolkit"):
             assert f"attrib_bench.{package}" not in source, (command, package)

@@ -28,6 +28,7 @@ _EXPORTS = {
     "identifiability": "attrib_bench.api",
     "similarity": "attrib_bench.api",
     "similarity_plots": "attrib_bench.api",
+    "context": "attrib_bench.api",
     "clear_cache": "attrib_bench.api",
     "meta": "attrib_bench.api",
     "Cleared": "attrib_bench.api",
@@ -48,6 +49,9 @@ _EXPORTS = {
     "Evaluator": "attrib_bench.core.interfaces",
     "Example": "attrib_bench.core.interfaces",
     "ModelEvaluator": "attrib_bench.core.interfaces",
+    "SegmentAttributor": "attrib_bench.core.segment_interfaces",
+    "SegmentEvaluator": "attrib_bench.core.segment_interfaces",
+    "SegmentScorer": "attrib_bench.segments.scorer",
     "TRACE_FIELDS": "attrib_bench.core.trace_fields",
     "Trace": "attrib_bench.core.trace",
     "TraceField": "attrib_bench.core.trace_fields",
@@ -72,6 +76,9 @@ __all__ = [
     "MethodResult",
     "ModelEvaluator",
     "Result",
+    "SegmentAttributor",
+    "SegmentEvaluator",
+    "SegmentScorer",
     "Trace",
     "TraceField",
     "UsageError",
@@ -79,6 +86,7 @@ __all__ = [
     "attribute",
     "check",
     "clear_cache",
+    "context",
     "evaluate",
     "finetune",
     "hookimpl",
@@ -100,6 +108,7 @@ if TYPE_CHECKING:
         attribute,
         check,
         clear_cache,
+        context,
         evaluate,
         finetune,
         identifiability,
@@ -126,10 +135,12 @@ if TYPE_CHECKING:
         Example,
         ModelEvaluator,
     )
+    from attrib_bench.core.segment_interfaces import SegmentAttributor, SegmentEvaluator
     from attrib_bench.core.trace import Trace
     from attrib_bench.core.trace_fields import TRACE_FIELDS, TraceField
     from attrib_bench.results.compare import Comparison
     from attrib_bench.results.typed import LayerScore, MethodResult, Result
+    from attrib_bench.segments.scorer import SegmentScorer
 
 
 #: Modules whose names give or make a Result: using one also installs how a notebook shows a

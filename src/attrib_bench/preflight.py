@@ -102,6 +102,21 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise
 
 
+def _check_context(args: argparse.Namespace) -> None:
+    """``attrib-bench context``: its data is local (a JSONL file or an ERASER folder), its
+    counts positive, its template names both fields (segments.scorer.check_template)."""
+    if not Path(args.dataset).exists():
+        raise UsageError(f"context dataset {args.dataset!r} not found: give a JSONL file or folder")
+    for flag in ("limit", "generate", "batch_size"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} must be at least 1, got {value}")
+    if args.template is not None:
+        from attrib_bench.segments.data import check_template
+
+        check_template(args.template)
+
+
 def _check_arguments(args: argparse.Namespace) -> None:
     config = getattr(args, "config", None)
     if config is not None and not Path(config).exists():
@@ -130,6 +145,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         from attrib_bench.core.shards import parse_shard  # numpy: only when asked
 
         parse_shard(args.shard)
+    if args.command == "context":
+        _check_context(args)
     if args.command in RUN_COMMANDS:
         for flag, least in AT_LEAST:
             value = getattr(args, flag, None)

@@ -41,3 +41,15 @@ def attrib_bench_trace_fields() -> list:
     ``trace.need(name)``. A name that a built-in field (``attrib_bench.TRACE_FIELDS``) or
     another plugin's field has is an error that names both.
     """
+
+
+@hookspec
+def attrib_bench_segment_attributors() -> list:
+    """Return a list of segment attributors (``attrib_bench.SegmentAttributor``): methods that
+    score a context's segments for the answer's log-probability; unique by ``name``."""
+
+
+@hookspec
+def attrib_bench_segment_evaluators() -> list:
+    """Return a list of segment evaluators (``attrib_bench.SegmentEvaluator``), unique by
+    ``name``."""

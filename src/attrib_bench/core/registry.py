@@ -32,6 +32,7 @@ from attrib_bench.core.plugin_info import (
     evaluator_problems,
 )
 from attrib_bench.core.plugin_names import ENTRY_POINT_GROUP, write_listing
+from attrib_bench.core.segment_interfaces import SegmentAttributor, SegmentEvaluator
 from attrib_bench.core.trace_fields import BUILTIN_FIELDS, TraceField
 
 #: The source the registry names for the built-in trace fields (captured by the core).
@@ -98,6 +99,9 @@ class Registry:
     architectures: dict[str, Registered] = field(default_factory=dict)
     #: Trace field name -> its TraceField: the built-ins, then those plugins register.
     trace_fields: dict[str, Registered] = field(default_factory=dict)
+    #: Segment methods and their evaluators (attrib_bench.core.segment_interfaces), by name.
+    segment_attributors: dict[str, Registered] = field(default_factory=dict)
+    segment_evaluators: dict[str, Registered] = field(default_factory=dict)
     #: Plugins that failed to import: source -> error message. They are reported, not fatal.
     broken: dict[str, str] = field(default_factory=dict)
 
@@ -140,6 +144,12 @@ class Registry:
 
     def evaluator(self, spec: Spec | str) -> Any:
         return self._configured(self.evaluators, "evaluator", spec)
+
+    def segment_attributor(self, spec: Spec | str) -> Any:
+        return self._configured(self.segment_attributors, "segment attributor", spec)
+
+    def segment_evaluator(self, spec: Spec | str) -> Any:
+        return self._configured(self.segment_evaluators, "segment evaluator", spec)
 
     @staticmethod
     def _configured(table: dict[str, Registered], kind: str, spec: Spec | str) -> Any:
@@ -266,6 +276,27 @@ def _collect_architectures(pm: pluggy.PluginManager) -> dict[str, Registered]:
     return table
 
 
+def _collect_named(
+    pm: pluggy.PluginManager, hook_name: str, kind: str, protocol: type
+) -> dict[str, Registered]:
+    """The objects a hook returns, by name: each of ``protocol``, each name once."""
+    table: dict[str, Registered] = {}
+    for impl in getattr(pm.hook, hook_name).get_hookimpls():
+        for obj in impl.function() or []:
+            if not isinstance(obj, protocol):
+                raise UsageError(
+                    f"plugin {impl.plugin_name} returned {obj!r}, which is not a {kind}: it "
+                    f"needs the attributes of attrib_bench.{protocol.__name__}"
+                )
+            if obj.name in table:
+                raise UsageError(
+                    f"two plugins register the {kind} {obj.name!r}: "
+                    f"{table[obj.name].source} and {impl.plugin_name}"
+                )
+            table[obj.name] = Registered(obj, impl.plugin_name)
+    return table
+
+
 def _collect_trace_fields(pm: pluggy.PluginManager) -> dict[str, Registered]:
     table = {f.name: Registered(f, BUILTIN_SOURCE) for f in BUILTIN_FIELDS}
     for impl in pm.hook.attrib_bench_trace_fields.get_hookimpls():
@@ -303,6 +334,12 @@ def load_registry(plugin_files: Sequence[Path | str] = ()) -> Registry:
         pm, "attrib_bench_evaluators", "evaluator", (Evaluator, ModelEvaluator), fields
     )
     registry.architectures = _collect_architectures(pm)
+    registry.segment_attributors = _collect_named(
+        pm, "attrib_bench_segment_attributors", "segment attributor", SegmentAttributor
+    )
+    registry.segment_evaluators = _collect_named(
+        pm, "attrib_bench_segment_evaluators", "segment evaluator", SegmentEvaluator
+    )
     if not plugin_files:  # the names the CLI checks before it imports torch
         write_listing(
             entry_points, registry.attributors, registry.evaluators, bool(registry.broken)

@@ -93,3 +93,19 @@ def erasure_mask(
     """Tokens to erase: the rationale (``remove``), or every candidate outside it (``keep``)."""
     top = rationale_mask(scores_BN, candidates_BN, ratio, rounding, positive)
     return top if mode == "remove" else candidates_BN & ~top
+
+
+def auprc(truth: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the precision-recall curve, as ``sklearn.metrics.auc(recall, precision)``
+    over ``precision_recall_curve(truth, scores)``: one point per distinct score threshold plus
+    (recall 0, precision 1), joined by straight lines. NaN without a positive."""
+    if not truth.any():
+        return math.nan
+    order = np.argsort(-scores, kind="mergesort")
+    ranked_scores, ranked_truth = scores[order], truth[order].astype(float)
+    last_of_threshold = np.r_[np.flatnonzero(np.diff(ranked_scores)), len(ranked_truth) - 1]
+    true_positives = np.cumsum(ranked_truth)[last_of_threshold]
+    precision = true_positives / (last_of_threshold + 1)
+    recall = true_positives / true_positives[-1]
+    precision, recall = np.r_[1.0, precision], np.r_[0.0, recall]
+    return float(np.sum(np.diff(recall) * (precision[1:] + precision[:-1]) / 2))

@@ -1,0 +1,223 @@
+"""Segment attribution: methods that score a context's segments, and their evaluators.
+
+The explained score is the answer's log-probability given the prompt (``SegmentScorer``; the
+math and the references: docs/segments.md). Methods:
+
+- ``leave-one-segment-out``: the score's drop when the segment is removed; by default through
+  the key-value cache of the prefix the ablated prompt shares (``cache=false``: each ablated
+  prompt runs whole; the same numbers up to float rounding).
+- ``context-cite`` (Cohen-Wang et al., NeurIPS 2024): a LASSO fit of the answer's score on
+  ``ablations`` random keep/drop masks (each segment kept with probability ``keep``), the
+  official code's defaults and conventions: masks from ``RandomState(seed + i)``, the answer's
+  logit-probability (``output=log-prob`` for the log-probability) divided by its token count,
+  standardised masks, ``Lasso(alpha)``, coefficients scaled back.
+- ``input-x-gradient``, ``integrated-gradients``: Captum's token attributions of the answer's
+  log-probability to the input embeddings (summed over the hidden size), summed over each
+  segment's tokens.
+- ``random``: seeded per example, the floor.
+
+Evaluators: ``topk-drop`` (the score's drop when the k top-scored segments are removed;
+ContextCite's top-k log-probability drop; NaN for a k not below the segment count), ``lds``
+(the linear datamodeling score: Spearman of the summed scores of kept segments with the true
+score, over held-out random ablations) and
+``evidence-auprc`` (the area under the precision-recall curve of the scores against the human
+evidence segments).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+import torch
+
+from attrib_bench import Configurable, SegmentScorer, hookimpl
+from attrib_bench.toolkit.ranking import auprc
+
+
+def random_masks(count: int, ablations: int, keep: float, seed: int) -> np.ndarray:
+    """ContextCite's ablation masks, (M, S): row i from ``RandomState(seed + i)``, each segment
+    kept with probability ``keep``."""
+    return np.stack(
+        [
+            np.random.RandomState(seed + i).choice([False, True], size=count, p=[1 - keep, keep])
+            for i in range(ablations)
+        ]
+    )
+
+
+class LeaveOneSegmentOut(Configurable):
+    name = "leave-one-segment-out"
+    description = "drop of the answer's log-probability when the segment is removed"
+    reference = "exact leave-one-out; cached as AttriBoT (Liu et al., ICLR 2025)"
+    parameters = {"cache": True}
+
+    def attribute_segments(self, scorer: SegmentScorer) -> np.ndarray:
+        without_S = scorer.leave_one_out(cached=self.params["cache"]).sum(axis=1)
+        return scorer.full_score - without_S
+
+
+class ContextCite(Configurable):
+    name = "context-cite"
+    description = "LASSO surrogate of the answer's score over random segment ablations"
+    reference = "Cohen-Wang et al., NeurIPS 2024 (context-cite 0.0.4)"
+    parameters = {"ablations": 64, "keep": 0.5, "alpha": 0.01, "output": "logit-prob", "seed": 0}
+    choices = {"output": ("logit-prob", "log-prob")}
+
+    def validate(self) -> None:
+        if self.params["ablations"] < 2:
+            raise self.out_of_range("ablations", "at least 2")
+        if not 0 < self.params["keep"] < 1:
+            raise self.out_of_range("keep", "in (0, 1)")
+        if self.params["alpha"] <= 0:
+            raise self.out_of_range("alpha", "> 0")
+
+    def attribute_segments(self, scorer: SegmentScorer) -> np.ndarray:
+        try:
+            from sklearn.linear_model import Lasso
+            from sklearn.pipeline import make_pipeline
+            from sklearn.preprocessing import StandardScaler
+        except ImportError:
+            raise RuntimeError(
+                "context-cite fits its LASSO with scikit-learn: pip install "
+                "'attrib-bench[perturbation]'"
+            ) from None
+
+        p = self.params
+        masks_MS = random_masks(scorer.count, p["ablations"], p["keep"], p["seed"])
+        log_probs_M = scorer.scores(masks_MS)
+        outputs_M = log_probs_M
+        if p["output"] == "logit-prob":  # log P - log(1 - P), ContextCite's default output
+            outputs_M = log_probs_M - np.log1p(-np.exp(log_probs_M))
+        steps = len(scorer.answer_ids)
+        scaler = StandardScaler()
+        lasso = Lasso(alpha=p["alpha"], random_state=0, fit_intercept=True)
+        make_pipeline(scaler, lasso).fit(masks_MS.astype(np.float32), outputs_M / steps)
+        return lasso.coef_ / scaler.scale_ * steps
+
+
+class TokenGradients(Configurable):
+    """Captum's token attributions of the answer's log-probability, summed over segments."""
+
+    parameters = {"steps": 50, "internal_batch_size": 8}
+
+    def __init__(self, name: str, method: str) -> None:
+        super().__init__()
+        self.name = name
+        self.method = method
+        self.description = f"Captum {method} of the answer's log-probability, summed per segment"
+        self.reference = "sum of token attributions over the segment's tokens"
+        if method != "IntegratedGradients":
+            self.parameters = {}
+            self.params = {}
+
+    def attribute_segments(self, scorer: SegmentScorer) -> np.ndarray:
+        import captum.attr
+
+        loaded = scorer.loaded
+        ids = torch.tensor([scorer.ids()], device=loaded.device)
+        embeddings = loaded.model.get_input_embeddings()(ids).detach().requires_grad_()
+        method = getattr(captum.attr, self.method)(scorer.score_from_embeddings)
+        extra = {}
+        if self.method == "IntegratedGradients":
+            extra = {
+                "n_steps": self.params["steps"],
+                "internal_batch_size": self.params["internal_batch_size"],
+            }
+        with loaded.fast_attention():
+            tokens = method.attribute(embeddings, **extra)[0].sum(dim=-1)
+        tokens_N = tokens[: len(scorer.prompt_ids)].detach().cpu().double().numpy()
+        owner_N = scorer.token_segments
+        return np.array([tokens_N[owner_N == s].sum() for s in range(scorer.count)])
+
+
+class RandomSegments(Configurable):
+    name = "random"
+    description = "uniform random scores seeded per example: the floor"
+    reference = "baseline"
+    parameters = {"seed": 0}
+
+    def attribute_segments(self, scorer: SegmentScorer) -> np.ndarray:
+        digest = hashlib.sha256(f"{self.params['seed']}/{scorer.example.id}".encode()).digest()
+        rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+        return rng.random(scorer.count)
+
+
+class TopKDrop(Configurable):
+    name = "topk-drop"
+    description = "drop of the answer's log-probability when the top-k segments are removed"
+    reference = "ContextCite's top-k log-probability drop"
+    parameters = {"ks": "1,3,5"}
+
+    def validate(self) -> None:
+        try:
+            ks = [int(k) for k in self.params["ks"].split(",")]
+        except ValueError:
+            raise self.out_of_range("ks", "comma-separated integers") from None
+        if not ks or min(ks) < 1:
+            raise self.out_of_range("ks", "integers >= 1")
+
+    def evaluate_segments(self, scorer: SegmentScorer, scores_S: np.ndarray) -> dict[str, float]:
+        ks = [int(k) for k in self.params["ks"].split(",")]
+        order = np.argsort(-scores_S, kind="stable")
+        masks, names = [], []
+        for k in ks:
+            if k >= scorer.count:  # removing every segment would score all methods alike
+                continue
+            keep = np.ones(scorer.count, dtype=bool)
+            keep[order[:k]] = False
+            masks.append(keep)
+            names.append(k)
+        values = {f"top{k}-drop": math.nan for k in ks}
+        if masks:
+            drops = scorer.full_score - scorer.scores(np.stack(masks))
+            values.update({f"top{k}-drop": float(d) for k, d in zip(names, drops, strict=True)})
+        return values
+
+
+class LinearDatamodelingScore(Configurable):
+    name = "lds"
+    description = "Spearman of summed kept-segment scores with the true score on held-out ablations"
+    reference = "Cohen-Wang et al., NeurIPS 2024 (linear datamodeling score)"
+    # Seeds far from context-cite's 0..63, so that its training ablations are not reused.
+    parameters = {"ablations": 64, "keep": 0.5, "seed": 1_000_000}
+
+    def evaluate_segments(self, scorer: SegmentScorer, scores_S: np.ndarray) -> dict[str, float]:
+        from scipy.stats import spearmanr  # not at import: `attrib-bench list` stays light
+
+        p = self.params
+        masks_MS = random_masks(scorer.count, p["ablations"], p["keep"], p["seed"])
+        predicted_M = masks_MS.astype(float) @ scores_S
+        actual_M = scorer.scores(masks_MS)
+        if np.ptp(predicted_M) == 0 or np.ptp(actual_M) == 0:
+            return {"lds": math.nan}
+        return {"lds": float(spearmanr(predicted_M, actual_M).statistic)}
+
+
+class EvidenceAuprc(Configurable):
+    name = "evidence-auprc"
+    description = "AUPRC of the segment scores against the human evidence segments"
+    reference = "ERASER's AUPRC, at segment level"
+
+    def evaluate_segments(self, scorer: SegmentScorer, scores_S: np.ndarray) -> dict[str, float]:
+        evidence = scorer.example.evidence
+        if evidence is None:
+            return {"evidence-auprc": math.nan}
+        return {"evidence-auprc": auprc(np.array(evidence, dtype=bool), scores_S)}
+
+
+@hookimpl
+def attrib_bench_segment_attributors() -> list:
+    return [
+        LeaveOneSegmentOut(),
+        ContextCite(),
+        TokenGradients("input-x-gradient", "InputXGradient"),
+        TokenGradients("integrated-gradients", "IntegratedGradients"),
+        RandomSegments(),
+    ]
+
+
+@hookimpl
+def attrib_bench_segment_evaluators() -> list:
+    return [TopKDrop(), LinearDatamodelingScore(), EvidenceAuprc()]

@@ -1,0 +1,267 @@
+"""The explained score of a context example under any choice of kept segments.
+
+The score is the answer's log-probability given the prompt, ``sum_t log p(a_t | prompt, a_<t)``
+(docs/segments.md), kept per step too. A prompt is the template filled with the kept segments
+and the query, tokenised whole (segments are dropped as text, as ContextCite drops them), and
+the answer's token ids follow it unchanged. Every segment method and evaluator asks this object
+for scores, so an ablation two of them share is run once (``memo``).
+
+Leave-one-segment-out has a cheaper exact form: an ablated prompt shares its tokens with the
+full prompt up to the dropped segment, so the key-value cache of that prefix is reused and only
+the rest runs (``leave_one_out``). Equal to running each ablated prompt whole, up to float
+rounding (tests/test_segments.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from attrib_bench.core.errors import UsageError
+from attrib_bench.core.loaded_model import LoadedModel
+from attrib_bench.segments.data import DEFAULT_TEMPLATE, SegmentExample
+
+_MARK = "\x00"
+
+
+def generate_answer(loaded: LoadedModel, example: SegmentExample, template: str, steps: int) -> str:
+    """The model's greedy continuation of ``steps`` tokens after the full prompt."""
+    prompt = template.format(context=example.context(), query=example.query)
+    ids = loaded.tokenizer(prompt, return_tensors="pt")["input_ids"].to(loaded.device)
+    with torch.no_grad(), loaded.fast_attention():
+        out = loaded.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=steps,
+            min_new_tokens=steps,
+            do_sample=False,
+            pad_token_id=loaded.tokenizer.pad_token_id,
+        )
+    return loaded.tokenizer.decode(out[0, ids.shape[1] :])
+
+
+class SegmentScorer:
+    """One example's prompt, its answer, and its scores under ablations.
+
+    Constructing it checks the example (one line naming it, a UsageError): no empty segment,
+    every segment with a token of its own, an answer that tokenises the same after the prompt
+    as alone, and a prompt plus answer within the model's length.
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        example: SegmentExample,
+        template: str = DEFAULT_TEMPLATE,
+        batch_size: int = 8,
+    ) -> None:
+        if example.answer is None:
+            raise ValueError("generate the answer first (generate_answer)")
+        self.loaded = loaded
+        self.example = example
+        self.template = template
+        self.batch_size = batch_size
+        self.memo: dict[bytes, np.ndarray] = {}
+        self.forward_tokens = 0  # tokens run through the model: a cost the benchmarks read
+        tokenizer = loaded.tokenizer
+        where = f"example {example.id!r}"
+        empty = [i for i, s in enumerate(example.segments) if not s.strip()]
+        if not example.segments:
+            raise UsageError(f"{where} has no segment")
+        if empty:
+            raise UsageError(f"{where}: segment {empty[0]} is empty")
+        prompt = self.prompt()
+        encoded = tokenizer(prompt, return_offsets_mapping=True)
+        self.prompt_ids: list[int] = list(encoded["input_ids"])
+        self.answer_ids: list[int] = tokenizer(example.answer, add_special_tokens=False)[
+            "input_ids"
+        ]
+        if not self.answer_ids:
+            raise UsageError(f"{where}: the answer {example.answer!r} has no token")
+        joint = tokenizer(prompt + example.answer)["input_ids"]
+        if list(joint) != self.prompt_ids + self.answer_ids:
+            raise UsageError(
+                f"{where}: the answer {example.answer!r} tokenises differently after the prompt "
+                "than alone (a token merges across the boundary); start the answer with a space "
+                "or end the query where a token ends"
+            )
+        total, limit = len(joint), loaded.max_length
+        if total > limit:
+            raise UsageError(
+                f"{where}: prompt plus answer is {total} tokens, longer than the model's "
+                f"limit of {limit}"
+            )
+        self.token_segments = self._token_segments(prompt, encoded["offset_mapping"])
+        count = len(example.segments)
+        if count > len(self.prompt_ids):
+            raise UsageError(
+                f"{where} has more segments ({count}) than prompt tokens ({len(self.prompt_ids)})"
+            )
+        owned = set(self.token_segments.tolist())
+        lacking = [i for i in range(count) if i not in owned]
+        if lacking:
+            raise UsageError(
+                f"{where}: segment {lacking[0]} ({example.segments[lacking[0]][:40]!r}) has no "
+                "token of its own (it merges into a neighbour's tokens)"
+            )
+
+    @property
+    def count(self) -> int:
+        return len(self.example.segments)
+
+    def prompt(self, keep: Sequence[bool] | None = None) -> str:
+        context = self.example.context(None if keep is None else tuple(keep))
+        return self.template.format(context=context, query=self.example.query)
+
+    def _token_segments(self, prompt: str, offsets: Sequence[tuple[int, int]]) -> np.ndarray:
+        """Per prompt token, the segment holding its last character; -1 outside the context."""
+        start = self.template.format(context=_MARK, query=self.example.query).index(_MARK)
+        bounds, position = [], start
+        for segment in self.example.segments:
+            bounds.append((position, position + len(segment)))
+            position += len(segment) + len(self.example.separator)
+        owner = np.full(len(offsets), -1)
+        for t, (a, b) in enumerate(offsets):
+            if b <= a:
+                continue
+            for s, (lo, hi) in enumerate(bounds):
+                if lo <= b - 1 < hi:
+                    owner[t] = s
+                    break
+        return owner
+
+    def ids(self, keep: Sequence[bool] | None = None) -> list[int]:
+        """The token ids of the prompt with the kept segments, then the answer's."""
+        if keep is None:
+            return self.prompt_ids + self.answer_ids
+        return list(self.loaded.tokenizer(self.prompt(keep))["input_ids"]) + self.answer_ids
+
+    def _answer_log_probs(self, hidden_XND: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+        """Per row, the answer's log-probability at each step, (X, T), from the last hidden
+        states of sequences whose answer ends at column ``rows[x]`` (exclusive)."""
+        T = len(self.answer_ids)
+        steps = torch.arange(T, device=hidden_XND.device)
+        ends = torch.as_tensor(list(rows), device=hidden_XND.device)
+        columns_XT = ends[:, None] - T - 1 + steps  # the positions that predict each a_t
+        picked = hidden_XND[torch.arange(len(rows))[:, None], columns_XT]
+        logits = self.loaded.model.get_output_embeddings()(picked)
+        answer = torch.as_tensor(self.answer_ids, device=logits.device)
+        log_probs = torch.log_softmax(
+            logits if logits.dtype == torch.float64 else logits.float(), -1
+        )
+        return log_probs.gather(-1, answer.expand(len(rows), T)[..., None])[..., 0]
+
+    def _run(self, sequences: list[list[int]]) -> np.ndarray:
+        """Per-step answer log-probabilities of whole sequences, (X, T), right-padded batches."""
+        model = self.loaded.model
+        out = []
+        for first in range(0, len(sequences), self.batch_size):
+            chunk = sequences[first : first + self.batch_size]
+            width = max(map(len, chunk))
+            pad = self.loaded.tokenizer.pad_token_id or 0
+            ids = torch.tensor([s + [pad] * (width - len(s)) for s in chunk])
+            mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in chunk])
+            self.forward_tokens += sum(map(len, chunk))
+            with torch.no_grad(), self.loaded.fast_attention():
+                hidden = model.base_model(
+                    input_ids=ids.to(self.loaded.device),
+                    attention_mask=mask.to(self.loaded.device),
+                    use_cache=False,
+                ).last_hidden_state
+                out.append(self._answer_log_probs(hidden, [len(s) for s in chunk]).cpu())
+        return torch.cat(out).double().numpy()
+
+    def steps(self, masks_MS: np.ndarray) -> np.ndarray:
+        """The answer's per-step log-probabilities with each mask's segments kept, (M, T);
+        masks already scored come from ``memo``, the others run together."""
+        masks_MS = np.asarray(masks_MS, dtype=bool).reshape(-1, self.count)
+        keys = [m.tobytes() for m in masks_MS]
+        missing = list(dict.fromkeys(k for k in keys if k not in self.memo))
+        if missing:
+            masks = [np.frombuffer(k, dtype=bool) for k in missing]
+            values = self._run([self.ids(m.tolist()) for m in masks])
+            self.memo.update(zip(missing, values, strict=True))
+        return np.stack([self.memo[k] for k in keys])
+
+    def scores(self, masks_MS: np.ndarray) -> np.ndarray:
+        """The answer's log-probability with each mask's segments kept, (M,)."""
+        return self.steps(masks_MS).sum(axis=1)
+
+    @property
+    def full_score(self) -> float:
+        return float(self.scores(np.ones((1, self.count), dtype=bool))[0])
+
+    def leave_one_out(self, cached: bool = True) -> np.ndarray:
+        """Per segment, the answer's per-step log-probabilities without it, (S, T).
+
+        ``cached``: the full prompt runs once with a key-value cache; for each segment, from
+        the last to the first, the cache is cut back to the tokens the ablated prompt shares
+        with the full one and only the rest runs. Otherwise each ablated prompt runs whole.
+        Either way the results enter ``memo``.
+        """
+        masks = ~np.eye(self.count, dtype=bool)
+        if not cached:
+            return self.steps(masks)
+        full = self.ids()
+        model = self.loaded.model.base_model
+        device = self.loaded.device
+        results: dict[int, np.ndarray] = {}
+        with torch.no_grad(), self.loaded.fast_attention():
+            out = model(input_ids=torch.tensor([full], device=device), use_cache=True)
+            self.forward_tokens += len(full)
+            cache = out.cache if hasattr(out, "cache") else out.past_key_values
+            keyword = _cache_keyword(model)
+            valid = len(full)  # leading cache positions holding the full prompt's tokens
+            self.memo.setdefault(
+                np.ones(self.count, dtype=bool).tobytes(),
+                self._answer_log_probs(out.last_hidden_state, [len(full)])[0]
+                .cpu()
+                .double()
+                .numpy(),
+            )
+            for s in reversed(range(self.count)):
+                ids = self.ids(masks[s].tolist())
+                shared = _common_prefix(full, ids)
+                keep = min(shared, valid, len(ids) - len(self.answer_ids) - 1)
+                current = cache.get_seq_length()
+                if current > keep:
+                    cache.crop(keep - current)  # a negative count: transformers 4 and 5 agree
+                suffix = torch.tensor([ids[keep:]], device=device)
+                positions = torch.arange(keep, len(ids), device=device)[None]
+                self.forward_tokens += len(ids) - keep
+                out = model(
+                    input_ids=suffix,
+                    position_ids=positions,
+                    use_cache=True,
+                    **{keyword: cache},
+                )
+                values = self._answer_log_probs(out.last_hidden_state, [len(ids) - keep])
+                results[s] = values[0].cpu().double().numpy()
+                valid = shared
+        for s, values in results.items():
+            self.memo.setdefault(masks[s].tobytes(), values)
+        return np.stack([results[s] for s in range(self.count)])
+
+    def score_from_embeddings(self, embeddings_XND: torch.Tensor) -> torch.Tensor:
+        """The answer's log-probability, (X,), from the full sequence's input embeddings
+        (``ids()`` embedded, perhaps scaled or perturbed): what gradient methods differentiate."""
+        X, N, _ = embeddings_XND.shape
+        hidden = self.loaded.model.base_model(inputs_embeds=embeddings_XND, use_cache=False)
+        return self._answer_log_probs(hidden.last_hidden_state, [N] * X).sum(dim=1)
+
+
+def _cache_keyword(model: torch.nn.Module) -> str:
+    """How ``model.forward`` takes a key-value cache: ``cache`` from transformers 5.x on,
+    ``past_key_values`` before (deprecated since)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

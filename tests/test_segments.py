@@ -1,0 +1,302 @@
+"""Segment attribution (``attrib-bench context``): the answer's log-probability against the
+model's own logits in float64; leave-one-segment-out through the key-value cache equal to
+running each ablated prompt whole; ContextCite recovering a linear score; the evaluators by
+hand; the ERASER sentences; bad input as one line naming the example."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import SHARED_DATA
+from helpers import ARCHITECTURES, save_tiny_decoder
+
+from attrib_bench.core.errors import UsageError
+from attrib_bench.core.registry import load_registry
+from attrib_bench.model.load import load_model
+from attrib_bench.segments.data import ERASER_QUERY, SegmentExample, load_segments, split_context
+from attrib_bench.segments.scorer import SegmentScorer
+from attrib_bench_plugins.segments import (
+    ContextCite,
+    EvidenceAuprc,
+    LinearDatamodelingScore,
+    TopKDrop,
+    random_masks,
+)
+
+TEMPLATE = "{context}\n{query}"
+EXAMPLE = SegmentExample(
+    "cat",
+    ("the cat sat on the mat.", "a dog ran.", "mary gave a drink to john.", "the store"),
+    "who sat?",
+    " the cat",
+    evidence=(1, 0, 0, 0),
+)
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def decoder64(request, tmp_path_factory):
+    directory = save_tiny_decoder(tmp_path_factory.mktemp(request.param), request.param)
+    loaded = load_model(str(directory), "cpu", architectures=ARCHITECTURES)
+    loaded.model.double()
+    return loaded
+
+
+def test_answer_log_probs_equal_the_models_logits(decoder64):
+    scorer = SegmentScorer(decoder64, EXAMPLE, TEMPLATE)
+    ids = scorer.ids()
+    with torch.no_grad():
+        logits = decoder64.model(torch.tensor([ids])).logits[0]
+    T = len(scorer.answer_ids)
+    expected = [
+        torch.log_softmax(logits[len(ids) - T - 1 + t], -1)[scorer.answer_ids[t]].item()
+        for t in range(T)
+    ]
+    steps = scorer.steps(np.ones((1, 4), dtype=bool))[0]
+    # LLaMA's RMSNorm normalises in float32 even in a float64 model: agreement to ~1e-10.
+    np.testing.assert_allclose(steps, expected, rtol=1e-8)
+    # An ablated prompt is the template over the kept segments, tokenised whole.
+    keep = [True, False, True, False]
+    ablated = decoder64.tokenizer(TEMPLATE.format(context=EXAMPLE.context(keep), query="who sat?"))
+    assert scorer.ids(keep) == ablated["input_ids"] + scorer.answer_ids
+
+
+@pytest.mark.parametrize("separator", [" ", "", "\n"])
+def test_cached_leave_one_out_equals_running_each_ablation_whole(decoder64, separator):
+    example = SegmentExample(
+        "e", EXAMPLE.segments, EXAMPLE.query, EXAMPLE.answer, separator=separator
+    )
+    naive = SegmentScorer(decoder64, example, TEMPLATE).leave_one_out(cached=False)
+    cached_scorer = SegmentScorer(decoder64, example, TEMPLATE)
+    cached = cached_scorer.leave_one_out(cached=True)
+    np.testing.assert_allclose(cached, naive, rtol=0, atol=1e-12)
+    assert cached.shape == (4, len(cached_scorer.answer_ids))
+    # Only the suffixes ran after the one full pass: fewer tokens than four whole prompts.
+    whole = sum(len(cached_scorer.ids(~np.eye(4, dtype=bool)[s])) for s in range(4))
+    assert cached_scorer.forward_tokens < len(cached_scorer.ids()) + whole
+
+
+def test_token_segments_own_each_segments_words(decoder64):
+    scorer = SegmentScorer(decoder64, EXAMPLE, TEMPLATE)
+    tokens = decoder64.tokenizer.convert_ids_to_tokens(scorer.prompt_ids)
+    for s, segment in enumerate(EXAMPLE.segments):
+        owned = [t for t, owner in zip(tokens, scorer.token_segments, strict=True) if owner == s]
+        text = decoder64.tokenizer.convert_tokens_to_string(owned)
+        assert text.strip() == segment
+    assert scorer.token_segments[-3:].tolist() == [-1, -1, -1]  # the query's tokens
+
+
+class LinearScorer:
+    """A scorer whose answer log-probability is exactly ``bias + masks @ weights``."""
+
+    def __init__(self, weights, bias=-2.0, evidence=None):
+        self.weights, self.bias = np.asarray(weights, dtype=float), bias
+        self.count = len(self.weights)
+        self.answer_ids = [1, 2]
+        self.example = SegmentExample("lin", ("x",) * self.count, "q", " a", evidence)
+
+    def scores(self, masks_MS):
+        return self.bias + np.asarray(masks_MS, dtype=float) @ self.weights
+
+    @property
+    def full_score(self):
+        return float(self.bias + self.weights.sum())
+
+
+def test_context_cite_recovers_a_linear_score():
+    weights = np.array([0.8, -0.3, 0.0, 1.5, 0.2, 0.0])
+    method = ContextCite().configure({"output": "log-prob", "alpha": "1e-6"})
+    np.testing.assert_allclose(method.attribute_segments(LinearScorer(weights)), weights, atol=1e-4)
+    # LASSO shrinks: with the official alpha a small weight goes to 0 before a large one.
+    shrunk = ContextCite().configure({"output": "log-prob", "alpha": "0.1"})
+    values = shrunk.attribute_segments(LinearScorer(weights))
+    assert values[4] == 0 and values[3] > 1.0
+
+
+def test_context_cite_masks_are_the_official_ones():
+    masks = random_masks(5, 3, 0.5, 7)
+    for i in range(3):  # context_cite.utils._create_mask(num_sources, alpha, seed)
+        official = np.random.RandomState(7 + i).choice([False, True], size=5, p=[0.5, 0.5])
+        assert masks[i].tolist() == official.tolist()
+
+
+def test_topk_drop_and_lds_by_hand():
+    scorer = LinearScorer([0.5, 2.0, -1.0, 0.25])
+    values = TopKDrop().configure({"ks": "1,2,4"}).evaluate_segments(scorer, scorer.weights)
+    assert values["top1-drop"] == pytest.approx(2.0)
+    assert values["top2-drop"] == pytest.approx(2.5)
+    assert math.isnan(values["top4-drop"])  # removing every segment tells methods not apart
+    lds = LinearDatamodelingScore().evaluate_segments(scorer, scorer.weights)["lds"]
+    assert lds == pytest.approx(1.0)
+    reverse = LinearDatamodelingScore().evaluate_segments(scorer, -scorer.weights)["lds"]
+    assert reverse == pytest.approx(-1.0)
+
+
+def test_evidence_auprc():
+    scorer = LinearScorer([0.0, 0.0, 0.0], evidence=(0, 1, 0))
+    perfect = EvidenceAuprc().evaluate_segments(scorer, np.array([0.1, 0.9, 0.2]))
+    assert perfect["evidence-auprc"] == 1.0
+    worst = EvidenceAuprc().evaluate_segments(scorer, np.array([0.5, 0.1, 0.9]))
+    # Ranked last: precision 0 until recall jumps to 1 at precision 1/3, a trapezoid of 1/6.
+    assert worst["evidence-auprc"] == pytest.approx(1 / 6, rel=1e-12)
+    none = EvidenceAuprc().evaluate_segments(LinearScorer([0.0, 1.0]), np.array([0.1, 0.2]))
+    assert math.isnan(none["evidence-auprc"])
+
+
+def test_split_rules():
+    text = 'He said "no." Then left! Why? ok\nnext line'
+    assert split_context(text, "sentences") == [
+        'He said "no."',
+        "Then left!",
+        "Why?",
+        "ok\nnext line",
+    ]
+    assert split_context(text, "lines") == ['He said "no." Then left! Why? ok', "next line"]
+
+
+def test_eraser_reviews_become_sentences_with_evidence():
+    examples, _ = load_segments(SHARED_DATA / "eraser_movies", "val", limit=2)
+    first = examples[0]
+    assert first.query == ERASER_QUERY and first.answer in (" positive", " negative")
+    assert len(first.evidence) == len(first.segments) and sum(first.evidence) > 0
+    # A line of punctuation alone joins the sentence before it.
+    assert not any(s.strip(".!?, ") == "" for s in first.segments)
+    annotation = json.loads((SHARED_DATA / "eraser_movies" / "val.jsonl").open().readline())
+    words = " ".join(first.segments).split()
+    span = annotation["evidences"][0][0]
+    assert " ".join(words[span["start_token"] : span["end_token"]]) == span["text"]
+
+
+@pytest.mark.parametrize(
+    ("segments", "query", "answer", "message"),
+    [
+        (("the cat", " "), "q", " mat", "example 'bad': segment 1 is empty"),
+        (("the cat",), "the ca", "t", "tokenises differently after the prompt"),
+        (("the cat",) * 40, "q", " mat", "longer than the model's limit of 64"),
+    ],
+)
+def test_bad_examples_are_one_line(decoder64, segments, query, answer, message):
+    with pytest.raises(UsageError, match=message):
+        SegmentScorer(decoder64, SegmentExample("bad", segments, query, answer), TEMPLATE)
+
+
+def test_segments_without_tokens(decoder64):
+    cat = SegmentExample("tiny", ("c", "a", "t"), "", " mat", separator="")  # one token: "cat"
+    with pytest.raises(UsageError, match=r"example 'tiny' has more segments \(3\) than prompt"):
+        SegmentScorer(decoder64, cat, "{context}{query}")
+    longer = SegmentExample("merged", ("c", "a", "t"), " on the mat", " mat", separator="")
+    with pytest.raises(UsageError, match=r"example 'merged': segment 0 .* has no token of its own"):
+        SegmentScorer(decoder64, longer, "{context}{query}")
+
+
+def test_builtins_register_through_the_hook():
+    registry = load_registry()
+    assert {"leave-one-segment-out", "context-cite", "random"} <= set(registry.segment_attributors)
+    assert {"topk-drop", "lds", "evidence-auprc"} <= set(registry.segment_evaluators)
+    with pytest.raises(UsageError, match="unknown parameter 'ablation'"):
+        registry.segment_attributor("context-cite:ablation=3")
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_cli_runs_and_a_bad_example_exits_2_before_any_work(run_cli, tmp_path):
+    model = save_tiny_decoder(tmp_path / "llama", "llama")
+    data = write_jsonl(
+        tmp_path / "ok.jsonl",
+        [
+            {
+                "id": "a",
+                "segments": list(EXAMPLE.segments),
+                "query": "who sat?",
+                "answer": " the cat",
+                "evidence": [0],
+            }
+        ],
+    )
+    report = tmp_path / "report.json"
+    code, out, err = run_cli(
+        "context",
+        "--dataset",
+        data,
+        "--model",
+        model,
+        "--template",
+        TEMPLATE,
+        "--quiet",
+        "--methods",
+        "leave-one-segment-out,random",
+        "--output",
+        report,
+    )
+    assert code == 0, err
+    written = json.loads(report.read_text())
+    assert written["methods"]["random"]["status"] == "ok"
+    assert len(written["examples"][0]["scores"]["leave-one-segment-out"]) == 4
+    assert "lds" in out and "top1-drop" in out
+    bad = write_jsonl(
+        tmp_path / "bad.jsonl",
+        [
+            {"id": "a", "segments": ["x y"], "query": "q", "answer": " a"},
+            {"id": "b", "segments": ["x", ""], "query": "q", "answer": " a"},
+        ],
+    )
+    code, _, err = run_cli(
+        "context", "--dataset", bad, "--model", model, "--output", tmp_path / "b"
+    )
+    assert code == 2 and "example 'b': segment 1 is empty" in err
+    assert not (tmp_path / "b").exists()
+    code, _, err = run_cli("context", "--dataset", tmp_path / "none.jsonl", "--model", model)
+    assert code == 2 and "not found" in err
+
+
+def test_a_failing_method_leaves_the_others(run_cli, tmp_path):
+    model = save_tiny_decoder(tmp_path / "gpt2", "gpt2")
+    plugin = tmp_path / "broken.py"
+    plugin.write_text(
+        "from attrib_bench import hookimpl\n"
+        "class Broken:\n"
+        "    name = 'broken'\n"
+        "    description = 'fails'\n"
+        "    def attribute_segments(self, scorer):\n"
+        "        raise RuntimeError('no luck')\n"
+        "@hookimpl\n"
+        "def attrib_bench_segment_attributors():\n"
+        "    return [Broken()]\n"
+    )
+    data = write_jsonl(
+        tmp_path / "ok.jsonl",
+        [{"id": "a", "segments": list(EXAMPLE.segments), "query": "q", "answer": " the"}],
+    )
+    code, out, _ = run_cli(
+        "context",
+        "--dataset",
+        data,
+        "--model",
+        model,
+        "--plugin",
+        plugin,
+        "--quiet",
+        "--methods",
+        "broken,random",
+        "--evaluators",
+        "topk-drop",
+    )
+    assert code == 3
+    assert "RuntimeError: no luck" in out and "ok" in out
+
+
+@pytest.mark.slow
+def test_smollm2_cached_leave_one_out(smollm2_session):
+    _, loaded = smollm2_session
+    example = SegmentExample(
+        "s", ("The film was a joy.", "The cast is great.", "I left early."), "Verdict:", " good"
+    )
+    naive = SegmentScorer(loaded, example).leave_one_out(cached=False)
+    cached = SegmentScorer(loaded, example).leave_one_out(cached=True)
+    np.testing.assert_allclose(cached, naive, rtol=0, atol=2e-4)
