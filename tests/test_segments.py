@@ -14,6 +14,7 @@ import torch
 from conftest import SHARED_DATA
 from helpers import ARCHITECTURES, save_tiny_decoder
 
+from attrib_bench.api import list_plugins
 from attrib_bench.core.errors import UsageError
 from attrib_bench.core.registry import load_registry
 from attrib_bench.model.load import load_model
@@ -198,6 +199,17 @@ def test_builtins_register_through_the_hook():
     assert {"topk-drop", "lds", "evidence-auprc"} <= set(registry.segment_evaluators)
     with pytest.raises(UsageError, match="unknown parameter 'ablation'"):
         registry.segment_attributor("context-cite:ablation=3")
+
+
+def test_list_shows_segment_plugins_with_their_parameters():
+    listing = list_plugins()
+    methods = {row["name"]: row for row in listing["segment_attributors"]}
+    assert methods["context-cite"]["parameters"]["output"] == {
+        "default": "logit-prob",
+        "choices": ["logit-prob", "log-prob"],
+    }
+    assert "AttriBoT" in methods["leave-one-segment-out"]["reference"]
+    assert {row["name"] for row in listing["segment_evaluators"]} >= {"lds", "topk-drop"}
 
 
 def write_jsonl(path, records):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 if TYPE_CHECKING:
     from attrib_bench.core.plugin_info import PluginInfo
-    from attrib_bench.core.registry import Registry
+    from attrib_bench.core.registry import Registered, Registry
     from attrib_bench.results.compare import Comparison
     from attrib_bench.results.typed import Result
     from attrib_bench.runner.config import RunPlan
@@ -284,11 +284,12 @@ def _config(kind: Any, command: str, settings: Mapping[str, Any]) -> Any:
 def list_plugins(plugins: Sequence[Path | str] = ()) -> dict[str, list[dict[str, Any]]]:
     """What ``attrib-bench list`` shows: every attributor and evaluator installed (and in the
     ``plugins`` files) with its description, parameters, whether a plain run takes it and its
-    plugin; every model family with its capabilities and the attributors it serves.
+    plugin; every model family with its capabilities and the attributors it serves; the segment
+    methods and evaluators of ``attrib-bench context``.
 
     >>> listing = list_plugins()
     >>> sorted(listing)
-    ['architectures', 'attributors', 'evaluators']
+    ['architectures', 'attributors', 'evaluators', 'segment_attributors', 'segment_evaluators']
     >>> "globenc" in [row["name"] for row in listing["attributors"]]
     True
     """
@@ -299,7 +300,30 @@ def list_plugins(plugins: Sequence[Path | str] = ()) -> dict[str, list[dict[str,
         "attributors": _plugin_rows(registry, "attributors"),
         "evaluators": _plugin_rows(registry, "evaluators"),
         "architectures": _architecture_rows(registry),
+        "segment_attributors": _segment_rows(registry.segment_attributors),
+        "segment_evaluators": _segment_rows(registry.segment_evaluators),
     }
+
+
+def _segment_rows(table: dict[str, Registered]) -> list[dict[str, Any]]:
+    """Segment plugins: name, description, reference and parameters (with their choices)."""
+    rows = []
+    for name, reg in sorted(table.items()):
+        choices = getattr(reg.obj, "choices", {})
+        parameters = {
+            key: {"default": default, **({"choices": list(choices[key])} if key in choices else {})}
+            for key, default in getattr(reg.obj, "parameters", {}).items()
+        }
+        rows.append(
+            {
+                "name": name,
+                "description": reg.obj.description,
+                "reference": getattr(reg.obj, "reference", ""),
+                "parameters": parameters,
+                "plugin": reg.source,
+            }
+        )
+    return rows
 
 
 def _parameters(info: PluginInfo) -> dict[str, dict[str, Any]]:

@@ -507,6 +507,24 @@ def _list(args: argparse.Namespace, out: Console) -> int:
             family["plugin"],
         )
     out.print(table)
+    for kind, title in (
+        ("segment_attributors", "segment methods (attrib-bench context)"),
+        ("segment_evaluators", "segment evaluators (attrib-bench context)"),
+    ):
+        table = Table(title=title, title_justify="left")
+        for column in ("name", "description, reference", "parameters: default (values)", "plugin"):
+            table.add_column(column, overflow="fold")
+        for row in listing[kind]:
+            reference = (
+                f"\n[dim]Reference: {escape(row['reference'])}[/]" if row["reference"] else ""
+            )
+            table.add_row(
+                row["name"],
+                escape(row["description"]) + reference,
+                escape(_parameters_text(row["parameters"])),
+                row["plugin"],
+            )
+        out.print(table)
     return ExitCode.OK
 
 
