@@ -269,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="score attributions computed elsewhere (no explainer run)",
         description="Score a file of attributions (attrib-bench attribute JSONL; JSONL of "
         "{id or text, tokens, scores}; a torch.save dict {id: tensor} or list in dataset order; "
-        "ERASER soft_rationale_predictions JSONL) with the evaluators, on the model and data "
+        "ERASER soft_rationale_predictions JSONL; an Inseq FeatureAttributionOutput.save JSON, "
+        "gzipped or not) with the evaluators, on the model and data "
         "given; the result is a normal result JSON.",
     )
     evaluate.add_argument(
@@ -294,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--reduce",
         choices=("l2", "sum", "abs-sum"),
         default="l2",
-        help="torch.save tensors (N, D): reduce D per token (default: l2)",
+        help="torch.save tensors and Inseq scores (N, D): reduce D per token (default: l2)",
     )
     evaluate.add_argument("--batch-size", type=int, help="examples per batch (default: 16)")
     evaluate.add_argument("--device", help="auto (default), cpu, cuda, cuda:1 ...")

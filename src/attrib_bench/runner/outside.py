@@ -14,14 +14,21 @@ the removal evaluators read). Formats, detected from the file:
   batch dimension of 1 is dropped), D reduced by ``reduce`` (the gradient plugin's choices);
 - ``eraser``: ERASER JSONL ``{"annotation_id", "rationales": [{"soft_rationale_predictions"}]}``,
   one score per word of ``text.split()``: every sub-token of a word gets the word's score (the
-  ERASER / ferret convention), special tokens, padding and a pair's second text 0.
+  ERASER / ferret convention), special tokens, padding and a pair's second text 0;
+- ``inseq``: what Inseq's ``FeatureAttributionOutput.save`` writes (JSON, gzip-compressed or
+  not) for a decoder-only model: per prompt (``info.input_texts``, matched to the data's text),
+  the first generated token's column of ``target_attributions`` over the prompt tokens, (T,) or
+  (T, D) reduced by ``reduce``; that token must be the example's next token.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import gzip
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +45,10 @@ from attrib_bench.core.trace import Trace
 from attrib_bench.runner.engine import prepare, run_single
 from attrib_bench.runner.state import Prepared, RunConfig
 
-FORMATS = ("attribute", "generic", "captum", "eraser")
+FORMATS = ("attribute", "generic", "captum", "eraser", "inseq")
+#: How Inseq's ``save`` starts a file (sorted keys): the output class's module.
+INSEQ_HEAD = re.compile(rb'\s*\{\s*"__instance_type__"\s*:\s*\[\s*"inseq\.')
+GZIP_MAGIC = b"\x1f\x8b"
 REDUCTIONS = ("l2", "sum", "abs-sum")
 #: What ``evaluate`` scores without ``--evaluators``: the faithfulness pair, which needs no
 #: reference (the registry's default, spearman, would run a reference explainer).
@@ -55,6 +65,8 @@ class Rows:
     #: ERASER: per-word scores, spread over each word's sub-tokens (``aggregated_LN`` unused).
     words: np.ndarray | None = None
     target: int | None = None
+    #: Inseq: the token the scores explain, which must be the example's next token (its gold).
+    next_token: int | None = None
 
 
 @dataclass
@@ -99,6 +111,8 @@ def detect_format(path: Path) -> str:
         raise UsageError(f"attributions file {str(path)!r} is empty")
     if head in (b"PK", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05"):
         return "captum"
+    if _is_inseq(path, gzipped=head == GZIP_MAGIC):
+        return "inseq"
     try:  # a decoding error is a ValueError too
         with path.open() as handle:
             line = next((line for line in handle if line.strip()), None)
@@ -116,8 +130,20 @@ def detect_format(path: Path) -> str:
     raise UsageError(
         f"{path}: unknown attributions format (first record has keys {sorted(first)}); expected "
         "attrib-bench attribute JSONL, {id or text, tokens, scores} JSONL, ERASER JSONL "
-        "(annotation_id, rationales) or a torch.save file"
+        "(annotation_id, rationales), an Inseq JSON or a torch.save file"
     )
+
+
+def _is_inseq(path: Path, gzipped: bool) -> bool:
+    """Whether the file starts as Inseq's ``save`` writes (its first 256 bytes)."""
+    try:
+        with gzip.open(path) if gzipped else path.open("rb") as handle:
+            head = handle.read(256)
+    except (OSError, EOFError):
+        raise UsageError(f"{path}: not a readable gzip file") from None
+    if gzipped and not INSEQ_HEAD.match(head):
+        raise UsageError(f"{path}: a gzip file, but not one Inseq saved")
+    return bool(INSEQ_HEAD.match(head))
 
 
 def _matrix(values: Any, where: str, rows: bool = True) -> np.ndarray:
@@ -269,6 +295,67 @@ def _read_eraser(path: Path) -> FileMethod:
     return method
 
 
+def _inseq_tensor(encoded: str, where: str) -> torch.Tensor:
+    """A tensor Inseq stored as base64 of a safetensors file holding it as ``attribution``."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    try:
+        return load(base64.b64decode(encoded))["attribution"].float()
+    except (ValueError, KeyError, SafetensorError):
+        raise UsageError(f"{where}: target_attributions is not a tensor Inseq saved") from None
+
+
+def _read_inseq(path: Path, reduce: str) -> FileMethod:
+    """Per prompt, the first generated token's scores over the prompt tokens."""
+    with path.open("rb") as handle:
+        gzipped = handle.read(2) == GZIP_MAGIC
+    try:
+        with gzip.open(path, "rt") if gzipped else path.open() as handle:
+            saved = json.load(handle)
+    except (OSError, EOFError, ValueError):
+        raise UsageError(f"{path}: not a readable Inseq JSON file") from None
+    attributes = saved["attributes"]
+    texts = attributes["info"]["input_texts"]
+    sequences = attributes["sequence_attributions"]
+    if len(texts) != len(sequences):
+        raise UsageError(f"{path}: {len(texts)} input texts but {len(sequences)} attributions")
+    method = FileMethod(by_text=True)
+    for text, sequence in zip(texts, sequences, strict=True):
+        where = f"{path}: prompt {text!r}"
+        sequence = sequence["attributes"]
+        if sequence.get("source_attributions") is not None:
+            raise UsageError(
+                f"{where}: attributions of an encoder-decoder model, which evaluate does not read "
+                "yet (only decoder-only models)"
+            )
+        if sequence.get("target_attributions") is None:
+            raise UsageError(f"{where}: no target_attributions")
+        start = sequence["attr_pos_start"]
+        tokens = [token["attributes"] for token in sequence["target"]]
+        values = _inseq_tensor(sequence["target_attributions"], where)
+        if values.dim() < 2 or values.shape[0] != len(tokens) or start >= len(tokens):
+            raise UsageError(
+                f"{where}: target_attributions of shape {tuple(values.shape)} do not fit its "
+                f"{len(tokens)} tokens"
+            )
+        values = values[:start, 0]  # the first generated token's column, over the prompt
+        if values.dim() == 2:
+            values = _reduce(values, reduce)
+        if values.dim() != 1:
+            raise UsageError(
+                f"{where}: scores of shape {tuple(values.shape[1:])} per token (layers and "
+                "heads?): save them aggregated, out.aggregate().save(...), to score them"
+            )
+        rows = Rows(
+            values.numpy()[None, :],
+            tokens=[token["token"] for token in tokens[:start]],
+            next_token=tokens[start]["id"],
+        )
+        _add(method, text, rows, str(path))
+    return method
+
+
 def read_file(
     path: Path, fmt: str, examples: list[Example], method: str | None, reduce: str
 ) -> dict[str, FileMethod]:
@@ -282,6 +369,8 @@ def read_file(
             return {"": _read_generic(path)}
         if fmt == "captum":
             return {"": _read_captum(path, reduce, examples)}
+        if fmt == "inseq":
+            return {"": _read_inseq(path, reduce)}
         return {"": _read_eraser(path)}
     except (KeyError, TypeError) as error:  # a record without a field its format needs
         message = f"{path}: a {fmt} record is malformed ({error!r} missing or wrong)"
@@ -321,6 +410,13 @@ class FileAttributor:
         its target a class of the model, before any pass: one line naming the first missing or
         mismatching example."""
         classes = prepared.loaded.class_count
+        tokenizer = prepared.loaded.tokenizer
+        generated = any(rows.next_token is not None for rows in self.method.rows.values())
+        if generated and not prepared.loaded.is_language_model:
+            raise UsageError(
+                f"{self.source} explains generated tokens: score it on a causal language model "
+                "and next-token data"
+            )
         shape: tuple[int, int | None] | None = None  # (aggregated rows, local rows) of the first
         for batch in prepared.batches:
             for row, example in enumerate(batch.examples):
@@ -329,6 +425,14 @@ class FileAttributor:
                 if found is None:
                     what = "text" if self.method.by_text else "id"
                     raise UsageError(f"{self._where(example)}: no attributions (by {what})")
+                if found.next_token is not None and found.next_token != example.label:
+                    explained, gold = tokenizer.convert_ids_to_tokens(
+                        [found.next_token, example.label]
+                    )
+                    raise UsageError(
+                        f"{self._where(example)} explains the token {explained!r} after it, "
+                        f"but the data's next token is {gold!r}"
+                    )
                 if found.target is not None and found.target >= classes:
                     raise UsageError(
                         f"{self._where(example)} has target {found.target}, but the model has "
@@ -422,7 +526,7 @@ def sha256(path: Path) -> str:
 def _method_names(path: Path, methods: dict[str, FileMethod], name: str | None) -> list[str]:
     """Names for the file's methods: ``--name`` (or the file stem) for one, ``NAME/method``
     (the spec's name) for several; never a registry spec, which would hide a built-in."""
-    base = name or path.stem
+    base = name or Path(path.name.removesuffix(".gz")).stem
     if len(methods) == 1:
         return [base]
     names = [f"{base}/{Spec.parse(spec).name}" for spec in methods]
@@ -534,7 +638,7 @@ def evaluate(
         "format": fmt,
         "sha256": sha256(path),
         "methods": dict(zip(names, [m.spec for m in methods.values()], strict=True)),
-        **({"reduce": reduce} if fmt == "captum" else {}),
+        **({"reduce": reduce} if fmt in ("captum", "inseq") else {}),
         **({"failed": failed} if failed else {}),
     }
     return document
