@@ -14,6 +14,10 @@ math and the references: docs/segments.md). Methods:
 - ``input-x-gradient``, ``integrated-gradients``: Captum's token attributions of the answer's
   log-probability to the input embeddings (summed over the hidden size), summed over each
   segment's tokens.
+
+Under ``--per-step`` the methods that can also return a step x segment matrix (each answer
+step's log-probability attributed; its rows sum to the summed row) do: leave-one-segment-out
+and the two gradient methods.
 - ``random``: seeded per example, the floor.
 
 Evaluators: ``topk-drop`` (the score's drop when the k top-scored segments are removed;
@@ -56,6 +60,12 @@ class LeaveOneSegmentOut(Configurable):
     def attribute_segments(self, scorer: SegmentScorer) -> np.ndarray:
         without_S = scorer.leave_one_out(cached=self.params["cache"]).sum(axis=1)
         return scorer.full_score - without_S
+
+    def attribute_steps(self, scorer: SegmentScorer) -> np.ndarray:
+        """Each answer step's log-probability drop, (T, S): the same passes, kept per step."""
+        without_ST = scorer.leave_one_out(cached=self.params["cache"])
+        full_T = scorer.steps(np.ones((1, scorer.count), dtype=bool))[0]
+        return (full_T[None, :] - without_ST).T
 
 
 class ContextCite(Configurable):
@@ -112,12 +122,14 @@ class TokenGradients(Configurable):
             self.parameters = {}
             self.params = {}
 
+    def _embedded(self, scorer: SegmentScorer) -> torch.Tensor:
+        ids = torch.tensor([scorer.ids()], device=scorer.loaded.device)
+        return scorer.loaded.model.get_input_embeddings()(ids).detach()
+
     def attribute_segments(self, scorer: SegmentScorer) -> np.ndarray:
         import captum.attr
 
-        loaded = scorer.loaded
-        ids = torch.tensor([scorer.ids()], device=loaded.device)
-        embeddings = loaded.model.get_input_embeddings()(ids).detach().requires_grad_()
+        embeddings = self._embedded(scorer).requires_grad_()
         method = getattr(captum.attr, self.method)(scorer.score_from_embeddings)
         extra = {}
         if self.method == "IntegratedGradients":
@@ -125,11 +137,41 @@ class TokenGradients(Configurable):
                 "n_steps": self.params["steps"],
                 "internal_batch_size": self.params["internal_batch_size"],
             }
-        with loaded.fast_attention():
+        with scorer.loaded.fast_attention():
             tokens = method.attribute(embeddings, **extra)[0].sum(dim=-1)
-        tokens_N = tokens[: len(scorer.prompt_ids)].detach().cpu().double().numpy()
-        owner_N = scorer.token_segments
-        return np.array([tokens_N[owner_N == s].sum() for s in range(scorer.count)])
+        return scorer.to_segments(tokens[None].detach().cpu().double().numpy())[0]
+
+    def attribute_steps(self, scorer: SegmentScorer) -> np.ndarray:
+        """Each answer step's log-probability attributed, (T, S): per chunk of path points one
+        forward pass and T backward passes (Captum's IG with ``target=t`` would run the
+        forward T times). Input x gradient is the one-point path at the input, weight 1; IG
+        takes Captum's Gauss-Legendre points and weights with its zero baseline, so each row
+        equals Captum's attribution of that step, and the rows sum to the summed row."""
+        inputs = self._embedded(scorer)
+        alphas, weights = [1.0], [1.0]
+        chunk = 1
+        if self.method == "IntegratedGradients":
+            from captum.attr._utils.approximation_methods import approximation_parameters
+
+            step_sizes, points = approximation_parameters("gausslegendre")
+            alphas, weights = points(self.params["steps"]), step_sizes(self.params["steps"])
+            chunk = self.params["internal_batch_size"]
+        T = len(scorer.answer_ids)
+        tokens_TN = torch.zeros(T, inputs.shape[1], dtype=inputs.dtype, device=inputs.device)
+        with scorer.loaded.fast_attention():
+            for first in range(0, len(alphas), chunk):
+                a = torch.tensor(alphas[first : first + chunk], dtype=inputs.dtype)
+                # Captum rounds its step sizes to float32 (IntegratedGradients._attribute).
+                w = torch.tensor(weights[first : first + chunk], dtype=torch.float32)
+                a, w = a.to(inputs.device), w.to(inputs.device, inputs.dtype)
+                path = (a[:, None, None] * inputs).requires_grad_()
+                steps_XT = scorer.steps_from_embeddings(path)
+                for t in range(T):
+                    (grad,) = torch.autograd.grad(
+                        steps_XT[:, t].sum(), path, retain_graph=t < T - 1
+                    )
+                    tokens_TN[t] += (w[:, None, None] * grad * inputs).sum(dim=(0, 2))
+        return scorer.to_segments(tokens_TN.detach().cpu().double().numpy())
 
 
 class RandomSegments(Configurable):

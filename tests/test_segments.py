@@ -23,7 +23,9 @@ from attrib_bench.segments.scorer import SegmentScorer
 from attrib_bench_plugins.segments import (
     ContextCite,
     EvidenceAuprc,
+    LeaveOneSegmentOut,
     LinearDatamodelingScore,
+    TokenGradients,
     TopKDrop,
     random_masks,
 )
@@ -78,6 +80,78 @@ def test_cached_leave_one_out_equals_running_each_ablation_whole(decoder64, sepa
     # Only the suffixes ran after the one full pass: fewer tokens than four whole prompts.
     whole = sum(len(cached_scorer.ids(~np.eye(4, dtype=bool)[s])) for s in range(4))
     assert cached_scorer.forward_tokens < len(cached_scorer.ids()) + whole
+
+
+def _close(loaded, actual, expected) -> None:
+    """Equal to float64 rounding; for LLaMA, whose RMSNorm computes in float32 even in a float64
+    model, to float32 rounding of the largest value."""
+    llama = loaded.model.config.model_type == "llama"
+    atol = 1e-6 * np.abs(expected).max() if llama else 1e-12
+    np.testing.assert_allclose(actual, expected, rtol=0 if llama else 1e-8, atol=atol)
+
+
+def _segment_sums(scorer: SegmentScorer, tokens_N: np.ndarray) -> np.ndarray:
+    owner = scorer.token_segments
+    return np.array([tokens_N[: len(owner)][owner == s].sum() for s in range(scorer.count)])
+
+
+def test_per_step_input_x_gradient_is_autograd_of_each_step(decoder64):
+    """Row t: x times the gradient of log p(a_t | prefix) from its own forward pass through the
+    model's logits (float64), summed over the hidden size and over the segment's tokens."""
+    scorer = SegmentScorer(decoder64, EXAMPLE, TEMPLATE)
+    T = len(scorer.answer_ids)
+    assert T >= 2
+    ids = torch.tensor([scorer.ids()])
+    N = ids.shape[1]
+    expected = []
+    for t in range(T):
+        embeddings = decoder64.model.get_input_embeddings()(ids).detach().requires_grad_()
+        with decoder64.fast_attention():  # the same kernels: LLaMA's RMSNorm rounds to float32
+            logits = decoder64.model(inputs_embeds=embeddings).logits[0, N - T - 1 + t]
+        log_p = torch.log_softmax(logits, -1)[scorer.answer_ids[t]]
+        (grad,) = torch.autograd.grad(log_p, embeddings)
+        expected.append(_segment_sums(scorer, (grad * embeddings)[0].sum(-1).detach().numpy()))
+    method = TokenGradients("input-x-gradient", "InputXGradient")
+    steps_TS = method.attribute_steps(scorer)
+    _close(decoder64, steps_TS, np.array(expected))
+    _close(decoder64, steps_TS.sum(0), method.attribute_segments(scorer))
+
+
+def test_per_step_integrated_gradients_is_captums_per_step(decoder64):
+    """Row t equals Captum's IG with ``target=t`` on the per-step log-probabilities (one
+    forward per chunk of path points instead of one per step); the rows sum to the summed row."""
+    from captum.attr import IntegratedGradients
+
+    scorer = SegmentScorer(decoder64, EXAMPLE, TEMPLATE)
+    method = TokenGradients("integrated-gradients", "IntegratedGradients").configure(
+        {"steps": "7", "internal_batch_size": "3"}
+    )
+    ids = torch.tensor([scorer.ids()])
+    embeddings = decoder64.model.get_input_embeddings()(ids).detach()
+    captum = IntegratedGradients(scorer.steps_from_embeddings)
+    expected = [
+        _segment_sums(
+            scorer,
+            captum.attribute(embeddings, target=t, n_steps=7, internal_batch_size=3)[0]
+            .sum(-1)
+            .numpy(),
+        )
+        for t in range(len(scorer.answer_ids))
+    ]
+    steps_TS = method.attribute_steps(scorer)
+    _close(decoder64, steps_TS, np.array(expected))
+    _close(decoder64, steps_TS.sum(0), method.attribute_segments(scorer))
+
+
+def test_per_step_leave_one_out_is_each_steps_drop(decoder64):
+    scorer = SegmentScorer(decoder64, EXAMPLE, TEMPLATE)
+    full_T = scorer.steps(np.ones((1, 4), dtype=bool))[0]
+    naive_ST = SegmentScorer(decoder64, EXAMPLE, TEMPLATE).steps(~np.eye(4, dtype=bool))
+    steps_TS = LeaveOneSegmentOut().attribute_steps(scorer)
+    np.testing.assert_allclose(steps_TS, (full_T - naive_ST).T, atol=1e-12)
+    np.testing.assert_allclose(
+        steps_TS.sum(0), LeaveOneSegmentOut().attribute_segments(scorer), atol=1e-12
+    )
 
 
 def test_token_segments_own_each_segments_words(decoder64):
@@ -251,6 +325,25 @@ def test_cli_runs_and_a_bad_example_exits_2_before_any_work(run_cli, tmp_path):
     assert written["methods"]["random"]["status"] == "ok"
     assert len(written["examples"][0]["scores"]["leave-one-segment-out"]) == 4
     assert "lds" in out and "top1-drop" in out
+    assert "steps" not in written["examples"][0]
+    code, _, err = run_cli(
+        "context", "--dataset", data, "--model", model, "--template", TEMPLATE, "--quiet",
+        "--methods", "leave-one-segment-out,input-x-gradient,random", "--per-step",
+        "--output", report,
+    )  # fmt: skip
+    assert code == 0, err
+    written = json.loads(report.read_text())
+    (example,) = written["examples"]
+    T = len(example["answer_tokens"])
+    assert T >= 2 and set(example["steps"]) == {"leave-one-segment-out", "input-x-gradient"}
+    assert {m: row["per_step"] for m, row in written["methods"].items()} == {
+        "leave-one-segment-out": True,
+        "input-x-gradient": True,
+        "random": False,
+    }
+    for method, steps in example["steps"].items():
+        assert np.shape(steps) == (T, 4)
+        np.testing.assert_allclose(np.sum(steps, 0), example["scores"][method], rtol=1e-12)
     bad = write_jsonl(
         tmp_path / "bad.jsonl",
         [

@@ -420,6 +420,11 @@ def build_parser() -> argparse.ArgumentParser:
     context.add_argument("--query", help="the query for every example (ERASER: a default)")
     context.add_argument("--template", help="prompt with {context} and {query} (ContextCite's)")
     context.add_argument("--generate", type=int, help="explain the model's own N-token answer")
+    context.add_argument(
+        "--per-step",
+        action="store_true",
+        help="also a step x segment matrix per method that has one (each answer token's score)",
+    )
     context.add_argument("--methods", type=_split_specs, help="segment methods (default: all)")
     context.add_argument(
         "--evaluators",
@@ -853,6 +858,7 @@ def _context(args: argparse.Namespace, out: Console) -> int:
         batch_size=args.batch_size,
         seed=args.seed,
         device=args.device,
+        per_step=args.per_step,
         **given,
     )
     out.print(segments_table(report))

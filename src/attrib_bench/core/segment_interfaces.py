@@ -4,7 +4,9 @@ of those scores (docs/segments.md).
 A segment attributor returns one score per segment, (S,), for the answer's log-probability
 that the scorer it is given explains (``attrib_bench.SegmentScorer``, a layer above the core).
 It asks the scorer for every ablation it needs, so that the ablations methods and evaluators
-share run once. A segment evaluator returns named values (``{"top1-drop": 0.4}``) for one
+share run once. It may also have ``attribute_steps(scorer) -> (T, S)``, each of the answer's T
+steps' log-probability attributed (rows summing to the scores), which ``--per-step`` reports.
+A segment evaluator returns named values (``{"top1-drop": 0.4}``) for one
 example's scores. Both take ``name:key=value`` parameters through ``configure``
 (``attrib_bench.Configurable``), like token attributors.
 """

@@ -1,7 +1,9 @@
 """A segment run: every segment method on every example, every evaluator on every method.
 
 Per example: the answer (given, or generated greedily), one ``SegmentScorer`` whose ablations
-all methods and evaluators share, each method's scores and seconds, each evaluator's values. A
+all methods and evaluators share, each method's scores and seconds, each evaluator's values;
+with ``per_step``, also the step x segment matrix of each method that has ``attribute_steps``
+(its rows summed are then the scores). A
 method that fails is recorded with its one-line reason and the others go on. The report holds
 the per-example scores and a summary per method and value (mean, bootstrap CI).
 """
@@ -51,6 +53,8 @@ class ContextConfig:
     query: str | None = None
     template: str = DEFAULT_TEMPLATE
     generate: int | None = None
+    #: Also each method's step x segment matrix, where it has ``attribute_steps``.
+    per_step: bool = False
     methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))
     evaluators: list[str] = field(default_factory=lambda: list(DEFAULT_EVALUATORS))
     batch_size: int = 8
@@ -98,6 +102,10 @@ def run_segments(
         ]
     # Every example is checked before any is computed: a bad one costs nothing.
     scorers = [SegmentScorer(loaded, e, config.template, config.batch_size) for e in examples]
+    stepped = {
+        spec: config.per_step and hasattr(method, "attribute_steps")
+        for spec, method in methods.items()
+    }
     seconds = dict.fromkeys(methods, 0.0)
     failed: dict[str, str] = {}
     records = []
@@ -114,12 +122,23 @@ def run_segments(
                 "scores": {},
                 "values": {},
             }
+            if config.per_step:
+                tokens = loaded.tokenizer.convert_ids_to_tokens(scorer.answer_ids)
+                record.update(answer_tokens=tokens, steps={})
             for spec, method in methods.items():
                 if spec in failed:
                     continue
                 start = clock()
                 try:
-                    scores_S = np.asarray(method.attribute_segments(scorer), dtype=float)
+                    steps_TS = None
+                    if stepped[spec]:
+                        steps_TS = np.asarray(method.attribute_steps(scorer), dtype=float)
+                        shape = (len(scorer.answer_ids), scorer.count)
+                        if steps_TS.shape != shape:
+                            raise ValueError(f"returned shape {steps_TS.shape}, not {shape}")
+                        scores_S = steps_TS.sum(axis=0)
+                    else:
+                        scores_S = np.asarray(method.attribute_segments(scorer), dtype=float)
                     if scores_S.shape != (scorer.count,):
                         raise ValueError(f"returned shape {scores_S.shape}, not ({scorer.count},)")
                 except UsageError:
@@ -130,6 +149,8 @@ def run_segments(
                     continue
                 seconds[spec] += clock() - start
                 record["scores"][spec] = scores_S.tolist()
+                if steps_TS is not None:
+                    record["steps"][spec] = steps_TS.tolist()
                 record["values"][spec] = {}
                 for evaluator in evaluators.values():
                     record["values"][spec].update(evaluator.evaluate_segments(scorer, scores_S))
@@ -144,6 +165,7 @@ def run_segments(
         "methods": {
             spec: {
                 "status": failed.get(spec, "ok"),
+                "per_step": stepped[spec],
                 "seconds_per_example": seconds[spec] / len(records),
                 "summary": _summary(records, spec, config.seed),
             }

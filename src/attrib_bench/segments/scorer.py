@@ -245,12 +245,23 @@ class SegmentScorer:
             self.memo.setdefault(masks[s].tobytes(), values)
         return np.stack([results[s] for s in range(self.count)])
 
-    def score_from_embeddings(self, embeddings_XND: torch.Tensor) -> torch.Tensor:
-        """The answer's log-probability, (X,), from the full sequence's input embeddings
-        (``ids()`` embedded, perhaps scaled or perturbed): what gradient methods differentiate."""
+    def steps_from_embeddings(self, embeddings_XND: torch.Tensor) -> torch.Tensor:
+        """The answer's per-step log-probabilities, (X, T), from the full sequence's input
+        embeddings (``ids()`` embedded, perhaps scaled or perturbed)."""
         X, N, _ = embeddings_XND.shape
         hidden = self.loaded.model.base_model(inputs_embeds=embeddings_XND, use_cache=False)
-        return self._answer_log_probs(hidden.last_hidden_state, [N] * X).sum(dim=1)
+        return self._answer_log_probs(hidden.last_hidden_state, [N] * X)
+
+    def score_from_embeddings(self, embeddings_XND: torch.Tensor) -> torch.Tensor:
+        """The answer's log-probability, (X,): what gradient methods differentiate."""
+        return self.steps_from_embeddings(embeddings_XND).sum(dim=1)
+
+    def to_segments(self, tokens_YN: np.ndarray) -> np.ndarray:
+        """Token scores over the prompt (and perhaps the answer after it), (Y, N), summed over
+        each segment's tokens, (Y, S): the stated rule for a token method's segment score."""
+        owner_P = self.token_segments
+        prompt_YP = np.asarray(tokens_YN)[:, : len(owner_P)]
+        return np.stack([prompt_YP[:, owner_P == s].sum(axis=1) for s in range(self.count)], 1)
 
 
 def _cache_keyword(model: torch.nn.Module) -> str:
