@@ -15,6 +15,11 @@ from attrib_bench.core.trace import Trace
 from attrib_bench.core.trace_fields import LRP_GRAPH_FIELDS, TRACE_FIELDS
 from attrib_bench.data.batches import make_batches
 from attrib_bench.model.trace import trace_batch
+from attrib_bench.testing.segment_conformance import (  # noqa: F401 (re-exported to tests)
+    DECODER_TEXTS,
+    bpe_tokenizer,
+    save_tiny_decoder,
+)
 
 #: Whether the real SmolLM2 GGUF can be loaded (the package and the gguf extra).
 HAS_SMOLLM2 = all(
@@ -73,66 +78,6 @@ def rows_by_id(trace: Trace, attribution: Attribution) -> dict[str, dict[str, to
             if (rows := attribution.rows(kind)) is not None
         }
     return out
-
-
-#: The texts the tiny decoders' tokenizer is trained on.
-DECODER_TEXTS = [
-    "the cat sat on the mat",
-    "a dog",
-    "when mary and john went to the store , john gave a drink to",
-]
-
-
-def bpe_tokenizer():
-    """A byte-level BPE tokenizer trained on DECODER_TEXTS: GPT-2's kind, with no pad token."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    backend.train_from_iterator(DECODER_TEXTS, trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<|endoftext|>", eos_token="<|endoftext|>"
-    )
-
-
-def save_tiny_decoder(directory: Path, kind: str, tied: bool | None = None) -> Path:
-    """A tiny random LlamaForCausalLM (``kind="llama"``, grouped-query) or GPT2LMHeadModel with
-    its tokenizer, saved to ``directory``; seeded, so every call saves the same weights.
-    ``tied``: whether the head shares the input embeddings (None: the config's default, untied
-    for Llama, tied for GPT-2)."""
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
-
-    tokenizer = bpe_tokenizer()
-    tie = {} if tied is None else {"tie_word_embeddings": tied}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        if kind == "llama":
-            config = LlamaConfig(
-                vocab_size=len(tokenizer),
-                hidden_size=32,
-                intermediate_size=48,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                max_position_embeddings=64,
-                **tie,
-            )
-            model = LlamaForCausalLM(config)
-        else:
-            config = GPT2Config(
-                vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=64, **tie
-            )
-            model = GPT2LMHeadModel(config)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
 
 
 def load_float64(family: str, tiny_bert: Path, tmp_path_factory) -> LoadedModel:

@@ -1,5 +1,6 @@
 """Helpers for a project's own test suite: run a benchmark config, assert no regression, and
-check a plugin with the conformance kit (``check_attributor``, ``check_evaluator``).
+check a plugin with the conformance kit (``check_attributor``, ``check_evaluator``; for segment
+plugins ``check_segment_attributor``, ``check_segment_evaluator``).
 
 The pytest plugin (``attrib_bench`` fixture, registered as a ``pytest11`` entry point) wraps
 these; they work without pytest too. The kit's names are resolved on first use (PEP 562): the
@@ -17,6 +18,10 @@ from attrib_bench.results.typed import Result, Results, as_result
 
 if TYPE_CHECKING:
     from attrib_bench.testing.conformance import ConformanceError, check_attributor, check_evaluator
+    from attrib_bench.testing.segment_conformance import (
+        check_segment_attributor,
+        check_segment_evaluator,
+    )
 
 __all__ = [
     "ConformanceError",
@@ -25,19 +30,28 @@ __all__ = [
     "assert_no_regression",
     "check_attributor",
     "check_evaluator",
+    "check_segment_attributor",
+    "check_segment_evaluator",
     "run_config",
 ]
 
-#: Names this module re-exports from attrib_bench.testing.conformance.
-_CONFORMANCE = ("ConformanceError", "check_attributor", "check_evaluator")
+#: Names this module re-exports from the conformance kit, by the module that holds them.
+_CONFORMANCE = {
+    "ConformanceError": "conformance",
+    "check_attributor": "conformance",
+    "check_evaluator": "conformance",
+    "check_segment_attributor": "segment_conformance",
+    "check_segment_evaluator": "segment_conformance",
+}
 
 
 def __getattr__(name: str) -> Any:
     if name not in _CONFORMANCE:
         raise AttributeError(f"module 'attrib_bench.testing' has no attribute {name!r}")
-    from attrib_bench.testing import conformance
+    import importlib
 
-    return getattr(conformance, name)
+    module = importlib.import_module(f"attrib_bench.testing.{_CONFORMANCE[name]}")
+    return getattr(module, name)
 
 
 def run_config(path: Path | str, quiet: bool = True, **overrides: Any) -> Result:

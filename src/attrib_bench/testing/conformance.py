@@ -153,17 +153,25 @@ def save_tiny_model(directory: Path, family: str = "bert") -> Path:
 _TINY_MODELS: dict[str, LoadedModel] = {}
 
 
-def tiny_model(family: str = "bert") -> LoadedModel:
-    """The tiny random classifier of ``family`` on the CPU, built once per process."""
-    if family not in _TINY_MODELS:
+def built_once(
+    save: Callable[[Path, str], Path], family: str, built: dict[str, LoadedModel]
+) -> LoadedModel:
+    """The model ``save`` writes for ``family``, loaded on the CPU the first time it is asked
+    for and kept in ``built`` (its files are removed once loaded)."""
+    if family not in built:
         directory = Path(tempfile.mkdtemp(prefix=f"attrib-bench-tiny-{family}-"))
         try:
-            path = str(save_tiny_model(directory, family))
+            path = str(save(directory, family))
             architectures = load_registry().architecture_specs()
-            _TINY_MODELS[family] = load_model(path, "cpu", architectures=architectures)
+            built[family] = load_model(path, "cpu", architectures=architectures)
         finally:
             shutil.rmtree(directory)
-    return _TINY_MODELS[family]
+    return built[family]
+
+
+def tiny_model(family: str = "bert") -> LoadedModel:
+    """The tiny random classifier of ``family`` on the CPU, built once per process."""
+    return built_once(save_tiny_model, family, _TINY_MODELS)
 
 
 class LayerNormInputs:
