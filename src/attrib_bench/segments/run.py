@@ -82,10 +82,10 @@ def run_segments(
     clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Any]:
     """The report of one segment run (see the module)."""
-    if not loaded.is_language_model:
+    if not (loaded.is_language_model or loaded.is_seq2seq):
         raise UsageError(
-            f"model {loaded.name!r} is not a causal language model; context attribution "
-            "explains a continuation's log-probability"
+            f"model {loaded.name!r} is neither a causal nor an encoder-decoder language model; "
+            "context attribution explains a continuation's log-probability"
         )
     methods = {spec: registry.segment_attributor(spec) for spec in config.methods}
     evaluators = {spec: registry.segment_evaluator(spec) for spec in config.evaluators}

@@ -10,6 +10,11 @@ Leave-one-segment-out has a cheaper exact form: an ablated prompt shares its tok
 full prompt up to the dropped segment, so the key-value cache of that prefix is reused and only
 the rest runs (``leave_one_out``). Equal to running each ablated prompt whole, up to float
 rounding (tests/test_segments.py).
+
+An encoder-decoder model (``LoadedModel.is_seq2seq``: T5, BART, Marian) takes the prompt as its
+encoder's input and the answer as its decoder's (shifted right after the start token), so the
+answer's tokenisation does not depend on the prompt; its encoder is bidirectional, so no prefix
+is shared and leave-one-out runs each ablated prompt whole.
 """
 
 from __future__ import annotations
@@ -40,7 +45,9 @@ def generate_answer(loaded: LoadedModel, example: SegmentExample, template: str,
             do_sample=False,
             pad_token_id=loaded.tokenizer.pad_token_id,
         )
-    return loaded.tokenizer.decode(out[0, ids.shape[1] :])
+    # A decoder-only model returns the prompt and the answer; an encoder-decoder one the start
+    # token and the answer.
+    return loaded.tokenizer.decode(out[0, 1 if loaded.is_seq2seq else ids.shape[1] :])
 
 
 class SegmentScorer:
@@ -81,18 +88,21 @@ class SegmentScorer:
         ]
         if not self.answer_ids:
             raise UsageError(f"{where}: the answer {example.answer!r} has no token")
-        joint = tokenizer(prompt + example.answer)["input_ids"]
-        if list(joint) != self.prompt_ids + self.answer_ids:
-            raise UsageError(
-                f"{where}: the answer {example.answer!r} tokenises differently after the prompt "
-                "than alone (a token merges across the boundary); start the answer with a space "
-                "or end the query where a token ends"
-            )
-        total, limit = len(joint), loaded.max_length
+        if loaded.is_seq2seq:  # the prompt is the encoder's, the answer the decoder's
+            total, what = max(len(self.prompt_ids), len(self.answer_ids) + 1), "prompt or answer"
+        else:
+            joint = tokenizer(prompt + example.answer)["input_ids"]
+            if list(joint) != self.prompt_ids + self.answer_ids:
+                raise UsageError(
+                    f"{where}: the answer {example.answer!r} tokenises differently after the "
+                    "prompt than alone (a token merges across the boundary); start the answer "
+                    "with a space or end the query where a token ends"
+                )
+            total, what = len(joint), "prompt plus answer"
+        limit = loaded.max_length
         if total > limit:
             raise UsageError(
-                f"{where}: prompt plus answer is {total} tokens, longer than the model's "
-                f"limit of {limit}"
+                f"{where}: {what} is {total} tokens, longer than the model's limit of {limit}"
             )
         self.token_segments = self._token_segments(prompt, encoded["offset_mapping"])
         count = len(example.segments)
@@ -134,10 +144,29 @@ class SegmentScorer:
         return owner
 
     def ids(self, keep: Sequence[bool] | None = None) -> list[int]:
-        """The token ids of the prompt with the kept segments, then the answer's."""
-        if keep is None:
-            return self.prompt_ids + self.answer_ids
-        return list(self.loaded.tokenizer(self.prompt(keep))["input_ids"]) + self.answer_ids
+        """The token ids of the prompt with the kept segments, then the answer's (an
+        encoder-decoder model: the prompt's alone, the encoder's input)."""
+        prompt = (
+            self.prompt_ids
+            if keep is None
+            else list(self.loaded.tokenizer(self.prompt(keep))["input_ids"])
+        )
+        return prompt if self.loaded.is_seq2seq else prompt + self.answer_ids
+
+    def _decoder_inputs(self, rows: int) -> torch.Tensor:
+        """An encoder-decoder model's decoder input: the answer shifted right after the start
+        token, the same for every row, (rows, T)."""
+        labels = torch.tensor([self.answer_ids], device=self.loaded.device)
+        return self.loaded.model.prepare_decoder_input_ids_from_labels(labels=labels).expand(
+            rows, -1
+        )
+
+    def _seq2seq_log_probs(self, logits_XTV: torch.Tensor) -> torch.Tensor:
+        """Per row, the answer's log-probability at each step from the decoder's logits."""
+        answer = torch.as_tensor(self.answer_ids, device=logits_XTV.device)
+        logits = logits_XTV if logits_XTV.dtype == torch.float64 else logits_XTV.float()
+        log_probs = torch.log_softmax(logits, -1)
+        return log_probs.gather(-1, answer.expand(len(logits), -1)[..., None])[..., 0]
 
     def _answer_log_probs(self, hidden_XND: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
         """Per row, the answer's log-probability at each step, (X, T), from the last hidden
@@ -165,6 +194,16 @@ class SegmentScorer:
             ids = torch.tensor([s + [pad] * (width - len(s)) for s in chunk])
             mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in chunk])
             self.forward_tokens += sum(map(len, chunk))
+            if self.loaded.is_seq2seq:
+                with torch.no_grad(), self.loaded.fast_attention():
+                    logits = model(
+                        input_ids=ids.to(self.loaded.device),
+                        attention_mask=mask.to(self.loaded.device),
+                        decoder_input_ids=self._decoder_inputs(len(chunk)),
+                        use_cache=False,
+                    ).logits
+                out.append(self._seq2seq_log_probs(logits).cpu())
+                continue
             with torch.no_grad(), self.loaded.fast_attention():
                 hidden = model.base_model(
                     input_ids=ids.to(self.loaded.device),
@@ -203,7 +242,7 @@ class SegmentScorer:
         Either way the results enter ``memo``.
         """
         masks = ~np.eye(self.count, dtype=bool)
-        if not cached:
+        if not cached or self.loaded.is_seq2seq:  # a bidirectional encoder shares no prefix
             return self.steps(masks)
         full = self.ids()
         model = self.loaded.model.base_model
@@ -249,6 +288,13 @@ class SegmentScorer:
         """The answer's per-step log-probabilities, (X, T), from the full sequence's input
         embeddings (``ids()`` embedded, perhaps scaled or perturbed)."""
         X, N, _ = embeddings_XND.shape
+        if self.loaded.is_seq2seq:  # the source's embeddings, into the encoder
+            logits = self.loaded.model(
+                inputs_embeds=embeddings_XND,
+                decoder_input_ids=self._decoder_inputs(X),
+                use_cache=False,
+            ).logits
+            return self._seq2seq_log_probs(logits)
         hidden = self.loaded.model.base_model(inputs_embeds=embeddings_XND, use_cache=False)
         return self._answer_log_probs(hidden.last_hidden_state, [N] * X)
 

@@ -2,8 +2,9 @@
 evaluator on tiny random causal language models, say what to fix.
 
 ``check_segment_attributor`` and ``check_segment_evaluator`` (re-exported by
-attrib_bench.testing) run a plugin on a tiny random LLaMA and GPT-2 (seeded, built offline in a
-second, with a byte-level BPE tokenizer trained on a few sentences) over two context examples,
+attrib_bench.testing) run a plugin on tiny random causal LMs (LLaMA, GPT-2) and encoder-decoder
+LMs (T5, BART, Marian), seeded, built offline in a second with a byte-level BPE tokenizer
+trained on a few sentences, over two context examples,
 and raise one ConformanceError listing every problem with what to fix. What the runner cannot
 see on one example and the report relies on: that the scores do not depend on what the scorer
 has already scored or on its batch size (padding), that two fresh runs agree (a seed fixes
@@ -26,6 +27,9 @@ from attrib_bench.segments.scorer import SegmentScorer
 from attrib_bench.testing.conformance import _failure, _mismatch, _raise, built_once
 
 DECODER_FAMILIES = ("llama", "gpt2")
+#: Encoder-decoder families: no seq2seq weights ship offline, so tiny random ones.
+SEQ2SEQ_FAMILIES = ("t5", "bart", "marian")
+FAMILIES = DECODER_FAMILIES + SEQ2SEQ_FAMILIES
 
 #: The texts the tiny decoders' tokenizer is trained on.
 DECODER_TEXTS = [
@@ -87,6 +91,45 @@ def save_tiny_decoder(directory: Path, kind: str, tied: bool | None = None) -> P
     return directory
 
 
+def save_tiny_seq2seq(directory: Path, kind: str) -> Path:
+    """A tiny random T5ForConditionalGeneration (``kind="t5"``), BartForConditionalGeneration
+    or MarianMTModel (scaled embeddings, sinusoidal positions) with the tiny BPE tokenizer,
+    saved to ``directory``; seeded. The tokenizer's one special token starts, pads and ends."""
+    from transformers import (
+        BartConfig,
+        BartForConditionalGeneration,
+        MarianConfig,
+        MarianMTModel,
+        T5Config,
+        T5ForConditionalGeneration,
+    )
+
+    tokenizer = bpe_tokenizer()
+    special = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    ids = dict(pad_token_id=special, eos_token_id=special, decoder_start_token_id=special)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        if kind == "t5":
+            config = T5Config(
+                vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=48, num_layers=2,
+                num_heads=4, relative_attention_num_buckets=8, **ids,
+            )  # fmt: skip
+            model = T5ForConditionalGeneration(config)
+        else:
+            sizes = dict(
+                vocab_size=len(tokenizer), d_model=32, encoder_layers=2, decoder_layers=2,
+                encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=48,
+                decoder_ffn_dim=48, max_position_embeddings=64, bos_token_id=special, **ids,
+            )  # fmt: skip
+            if kind == "bart":
+                model = BartForConditionalGeneration(BartConfig(**sizes))
+            else:
+                model = MarianMTModel(MarianConfig(scale_embedding=True, **sizes))
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
 #: Two contexts: four segments and a two-token answer, two segments and a one-token answer.
 EXAMPLES = (
     SegmentExample(
@@ -109,10 +152,12 @@ _TINY_DECODERS: dict[str, LoadedModel] = {}
 
 
 def tiny_decoder(family: str = "llama") -> LoadedModel:
-    """The tiny random causal LM of ``family`` on the CPU, built once per process."""
-    if family not in DECODER_FAMILIES:
-        raise ValueError(f"family must be one of {DECODER_FAMILIES}, got {family!r}")
-    return built_once(save_tiny_decoder, family, _TINY_DECODERS)
+    """The tiny random causal LM (``DECODER_FAMILIES``) or encoder-decoder LM
+    (``SEQ2SEQ_FAMILIES``) of ``family`` on the CPU, built once per process."""
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    save = save_tiny_decoder if family in DECODER_FAMILIES else save_tiny_seq2seq
+    return built_once(save, family, _TINY_DECODERS)
 
 
 @dataclass
@@ -136,6 +181,12 @@ def _used(loaded: LoadedModel, example: SegmentExample) -> SegmentScorer:
     rng = np.random.default_rng(12345)
     scorer.scores(rng.random((3, scorer.count)) < 0.5)
     return scorer
+
+
+def _answer_scale(loaded: LoadedModel, example: SegmentExample) -> float:
+    """|s(all)|, the size of the log-probabilities the scores are differences of: float32
+    rounding of those, not of the (perhaps tiny) differences, is what batching changes."""
+    return max(abs(_scorer(loaded, example).full_score), 1e-12)
 
 
 def _interface(obj: Any, method: str) -> list[tuple[str, str]]:
@@ -169,15 +220,16 @@ def _scores(value: Any, shape: tuple[int, ...], call: str) -> tuple[np.ndarray |
     return array, None
 
 
-def check_segment_attributor(obj: Any, families: Sequence[str] = DECODER_FAMILIES) -> SegmentReport:
+def check_segment_attributor(obj: Any, families: Sequence[str] = FAMILIES) -> SegmentReport:
     """Run a segment method on each family's tiny random causal LM; raise a ConformanceError
     naming every problem and its fix, or return the shapes seen.
 
     Checks: ``name`` and ``description``; ``attribute_segments`` returns (S,) finite scores;
     a second call on a fresh scorer gives the same (a seed fixes every random draw); a scorer
     that runs one ablation at a time and has scored other ablations already gives the same up
-    to float32 rounding (relative 1e-4, absolute 1e-5 of the largest score: the scores depend
-    on the example, not on the scorer's memory or its batch padding); ``attribute_steps``, if
+    to float32 rounding (relative 1e-4, absolute 1e-5 of the largest score or of the answer's
+    log-probability, whichever is larger: the scores depend on the example, not on the
+    scorer's memory or its batch padding); ``attribute_steps``, if
     the method has it, returns (T, S) finite rows summing to the scores (the same rounding).
     """
     problems = _interface(obj, "attribute_segments")
@@ -206,7 +258,7 @@ def _attributor_problems(
     first, problem = _scores(value, (count,), call)
     if problem is not None:
         return [problem]
-    scale = max(float(np.abs(first).max()), 1e-12)
+    scale = max(float(np.abs(first).max()), _answer_scale(loaded, example))
     problems = []
     for make, tolerance, message in (
         (
@@ -241,7 +293,7 @@ def _attributor_problems(
     return problems
 
 
-def check_segment_evaluator(obj: Any, families: Sequence[str] = DECODER_FAMILIES) -> SegmentReport:
+def check_segment_evaluator(obj: Any, families: Sequence[str] = FAMILIES) -> SegmentReport:
     """Run a segment evaluator on each family's tiny random causal LM, on two score vectors
     per example (a ranking and its reverse); raise a ConformanceError naming every problem, or
     return the value names seen.
@@ -299,7 +351,7 @@ def _evaluator_problems(
             (
                 "a scorer that batches one ablation at a time and has scored others already",
                 lambda: _used(loaded, example),
-                max(float(np.abs(np.nan_to_num(expected)).max()), 1e-12),
+                max(float(np.abs(np.nan_to_num(expected)).max()), _answer_scale(loaded, example)),
             ),
         ):
             value, failure = _call(lambda s=scores, f=scorer: obj.evaluate_segments(f(), s), call)
