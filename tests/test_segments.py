@@ -360,6 +360,47 @@ def test_cli_runs_and_a_bad_example_exits_2_before_any_work(run_cli, tmp_path):
     assert code == 2 and "not found" in err
 
 
+def test_report_renders_a_segment_report(tmp_path):
+    """``attrib_bench.report`` on a segment report: the summary, each segment's scores (the
+    evidence starred) and the step x segment matrices, Markdown and one self-contained page."""
+    import attrib_bench
+
+    model = save_tiny_decoder(tmp_path / "llama", "llama")
+    record = {
+        "id": "cat",
+        "segments": list(EXAMPLE.segments),
+        "query": "who sat?",
+        "answer": " the cat",
+        "evidence": [1, 0, 0, 0],
+    }
+    data = write_jsonl(tmp_path / "data.jsonl", [record])
+    report = attrib_bench.context(
+        data,
+        model=str(model),
+        template=TEMPLATE,
+        methods=["leave-one-segment-out", "random"],
+        per_step=True,
+        device="cpu",
+    )
+    written = tmp_path / "report.json"
+    written.write_text(json.dumps(report))
+    page = tmp_path / "page.html"
+    text = attrib_bench.report(written, html=page)
+    assert text.startswith("# attrib-bench context: ")
+    assert "| method | top1-drop | top3-drop | top5-drop | lds | evidence-auprc | s/ex |" in text
+    scores = report["examples"][0]["scores"]["leave-one-segment-out"]
+    best = int(np.argmax(scores))
+    star = "*" if best == 0 else ""
+    assert f"- leave-one-segment-out: {best}{star} ({scores[best]:+.3g})" in text
+    html = page.read_text()
+    assert "http" not in html and "<script" not in html
+    assert "<td>0 ★</td><td>the cat sat on the mat.</td>" in html
+    assert "leave-one-segment-out per answer step (rows) and segment (columns)" in html
+    tokens = report["examples"][0]["answer_tokens"]
+    assert all(f"<td><code>{token}</code></td>" in html for token in tokens)
+    assert "random per answer step" not in html  # random has no per-step form
+
+
 def test_a_failing_method_leaves_the_others(run_cli, tmp_path):
     model = save_tiny_decoder(tmp_path / "gpt2", "gpt2")
     plugin = tmp_path / "broken.py"

@@ -193,13 +193,16 @@ def report(
 
     A similarity result (``attrib-bench similarity --output``, ``"schema":
     "attrib-bench/similarity"``) gets its own report: per model pair each measure's layer
-    heatmaps beside the random-init floor (HTML), the diagonal tables (Markdown)."""
+    heatmaps beside the random-init floor (HTML), the diagonal tables (Markdown). So does a
+    segment report (``attrib-bench context --output``, ``"kind": "segments"``): per example
+    each segment's score under each method, and the step x segment matrices."""
     import json
 
     from attrib_bench.core.errors import UsageError
     from attrib_bench.reports.attributions import read_attributions
     from attrib_bench.reports.html import render_html, render_similarity_html
     from attrib_bench.reports.markdown import render_markdown
+    from attrib_bench.reports.segments import is_segments, render_segments_html, segments_markdown
     from attrib_bench.reports.similarity import (
         is_similarity,
         render_similarity_markdown,
@@ -215,7 +218,12 @@ def report(
             raw = json.loads(Path(results).read_text())
         except (OSError, ValueError):
             raw = None  # load() says what is wrong with the file
-    if is_similarity(raw):
+    if is_segments(raw):
+        if attributions is not None:
+            raise UsageError("attributions are for run results; a segment report has none")
+        page = render_segments_html(raw, examples) if html is not None else None
+        text = segments_markdown(raw, examples)
+    elif is_similarity(raw):
         if attributions is not None:
             raise UsageError("attributions are for run results; a similarity result has none")
         validate_similarity(raw, name)

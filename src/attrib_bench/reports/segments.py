@@ -1,4 +1,4 @@
-"""The segment report (``attrib-bench context``) as a terminal table."""
+"""The segment report (``attrib-bench context``) as a terminal table, Markdown and HTML."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 from rich.table import Table
 
 
@@ -19,8 +20,6 @@ def _cell(summary: Mapping[str, Any] | None) -> str:
 
 def segments_table(report: Mapping[str, Any]) -> Table:
     """Per method, each evaluator value's mean and 95% CI, its seconds per example, status."""
-    methods = report["methods"]
-    names = list(dict.fromkeys(n for row in methods.values() for n in row["summary"]))
     examples = report["examples"]
     segments = sum(len(e["segments"]) for e in examples) / len(examples)
     result = Table(
@@ -28,12 +27,149 @@ def segments_table(report: Mapping[str, Any]) -> Table:
         f"on average; the answer's log-probability",
         title_justify="left",
     )
-    result.add_column("method")
-    for name in names:
-        result.add_column(name, justify="right")
-    result.add_column("s/ex", justify="right")
-    result.add_column("status")
-    for spec, row in methods.items():
-        cells = [_cell(row["summary"].get(name)) for name in names]
-        result.add_row(spec, *cells, f"{row['seconds_per_example']:.2f}", row["status"])
+    header, rows = _summary_lines(report)
+    for i, name in enumerate(header):
+        result.add_column(name, justify="right" if 0 < i < len(header) - 1 else "left")
+    for row in rows:
+        result.add_row(*row)
     return result
+
+
+def is_segments(document: Any) -> bool:
+    """Whether a JSON document is a segment report (``attrib-bench context --output``)."""
+    return isinstance(document, Mapping) and document.get("kind") == "segments"
+
+
+def _value_names(report: Mapping[str, Any]) -> list[str]:
+    return list(dict.fromkeys(n for row in report["methods"].values() for n in row["summary"]))
+
+
+def _summary_lines(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The summary table's header and rows: per method, each value's mean and CI."""
+    names = _value_names(report)
+    rows = [
+        [
+            spec,
+            *(_cell(row["summary"].get(n)) for n in names),
+            f"{row['seconds_per_example']:.2f}",
+            row["status"],
+        ]
+        for spec, row in report["methods"].items()
+    ]
+    return ["method", *names, "s/ex", "status"], rows
+
+
+def _top(scores: list[float], k: int = 3) -> list[int]:
+    return [int(i) for i in np.argsort(-np.asarray(scores), kind="stable")[:k]]
+
+
+def segments_markdown(report: Mapping[str, Any], examples: int = 6) -> str:
+    """The segment report as Markdown: the summary, then per example each method's top three
+    segments (evidence segments marked ``*``)."""
+    header, rows = _summary_lines(report)
+    model = report["model"]["id"]
+    lines = [
+        f"# attrib-bench context: {model}",
+        "",
+        f"{len(report['examples'])} examples; the answer's log-probability, attributed to the "
+        "segments of its context. Means with bootstrap 95% CIs.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|---|" + "---:|" * (len(header) - 2) + "---|",
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+    for example in report["examples"][:examples]:
+        evidence = example.get("evidence") or []
+        lines += ["", f"## {example['id']}: answer {example['answer']!r}", ""]
+        for spec, scores in example["scores"].items():
+            picked = [
+                f"{i}{'*' if i < len(evidence) and evidence[i] else ''} ({scores[i]:+.3g})"
+                for i in _top(scores)
+            ]
+            lines.append(f"- {spec}: " + ", ".join(picked))
+    return "\n".join(lines) + "\n"
+
+
+def _weights(values: np.ndarray) -> np.ndarray:
+    """Colour weights from the rank of each |value| (as the token heatmaps: ranks, not scale)."""
+    from attrib_bench.results.stats import rank_rows
+
+    if values.size < 2 or np.ptp(np.abs(values)) == 0:
+        return np.zeros(values.shape)
+    ranks = rank_rows(np.abs(values))
+    return 0.08 + 0.82 * (ranks - ranks.min()) / (ranks.max() - ranks.min())
+
+
+def _heat_cell(value: float, weight: float) -> str:
+    from attrib_bench.reports.html import NEGATIVE, POSITIVE
+
+    red, green, blue = POSITIVE if value >= 0 else NEGATIVE
+    return (
+        f'<td class="num" style="background: rgba({red},{green},{blue},{weight:.3f})">'
+        f"{value:+.3g}</td>"
+    )
+
+
+def _example_html(example: Mapping[str, Any]) -> str:
+    from attrib_bench.reports.html import _escape
+
+    methods = list(example["scores"])
+    evidence = example.get("evidence") or [0] * len(example["segments"])
+    weights = {m: _weights(np.asarray(example["scores"][m], dtype=float)) for m in methods}
+    head = "".join(f"<th>{_escape(m)}</th>" for m in methods)
+    body = []
+    for i, text in enumerate(example["segments"]):
+        cells = "".join(_heat_cell(example["scores"][m][i], weights[m][i]) for m in methods)
+        mark = " ★" if evidence[i] else ""
+        shown = text if len(text) <= 140 else text[:137] + "..."
+        body.append(f"<tr><td>{i}{mark}</td><td>{_escape(shown)}</td>{cells}</tr>")
+    parts = [
+        f"<h3>{_escape(example['id'])}: answer <code>{_escape(example['answer'])}</code></h3>",
+        f"<table class='heat'><tr><th>#</th><th>segment</th>{head}</tr>{''.join(body)}</table>",
+    ]
+    for method, matrix in (example.get("steps") or {}).items():
+        steps = np.asarray(matrix, dtype=float)
+        columns = "".join(f"<th>{i}</th>" for i in range(steps.shape[1]))
+        rows = "".join(
+            f"<tr><td><code>{_escape(token)}</code></td>"
+            + "".join(_heat_cell(v, w) for v, w in zip(row, _weights(row), strict=True))
+            + "</tr>"
+            for token, row in zip(example["answer_tokens"], steps, strict=True)
+        )
+        parts.append(
+            f"<p>{_escape(method)} per answer step (rows) and segment (columns):</p>"
+            f"<table class='heat'><tr><th>step</th>{columns}</tr>{rows}</table>"
+        )
+    return "".join(parts)
+
+
+def render_segments_html(report: Mapping[str, Any], examples: int = 6) -> str:
+    """The segment report as one self-contained page: the summary, then per example each
+    segment's score under each method (colour: the rank of |score| in the method's column,
+    red positive, blue negative; ★ human evidence) and, with ``--per-step``, each method's
+    step x segment matrix (colour by rank within each step)."""
+    from attrib_bench.reports.html import _escape, page
+
+    header, rows = _summary_lines(report)
+    table = (
+        "<table><tr>"
+        + "".join(f"<th>{_escape(h)}</th>" for h in header)
+        + "</tr>"
+        + "".join(
+            "<tr>"
+            + "".join(
+                f"<td{' class=num' if 0 < i < len(row) - 1 else ''}>{_escape(c)}</td>"
+                for i, c in enumerate(row)
+            )
+            + "</tr>"
+            for row in rows
+        )
+        + "</table>"
+    )
+    sections = ["<h2>Summary</h2>" + table, "<h2>Examples</h2>"]
+    sections += [_example_html(e) for e in report["examples"][:examples]]
+    subtitle = (
+        f'<p class="muted">{len(report["examples"])} examples; the answer\'s log-probability '
+        "attributed to the segments of its context; means with bootstrap 95% CIs</p>"
+    )
+    return page(f"attrib-bench context: {report['model']['id']}", subtitle, sections)
