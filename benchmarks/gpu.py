@@ -10,7 +10,13 @@ real ones, and a word-level tokenizer over a synthetic vocabulary of 8,000 words
   model's shape;
 - ``bert-base``: a BERT-base-shaped classifier (12 layers, hidden 768);
 - ``smollm2``: a SmolLM2-135M-shaped LLaMA causal LM (30 layers, hidden 576, 9 heads, 3
-  key-value heads), explained at its last token.
+  key-value heads), explained at its last token;
+- ``context``: the same SmolLM2-shaped model on a decoder continuation (``attrib-bench
+  context``): ``--contexts`` contexts of 16 segments of 12 to 24 words, a query, and an answer
+  of 16 words (16 tokens) whose log-probability is attributed to the segments; the segment
+  methods (leave-one-segment-out through the key-value cache and whole, input x gradient
+  summed and per step, integrated gradients per step, context-cite) with ``--batch-size``
+  ablations at once, against one forward pass of the full prompt and answer.
 
 Inputs: ``--examples`` random sentences of 16 to 64 words, in batches of ``--batch-size``. Per
 model, each method as the runner runs it alone (``trace_batch`` with its fields, then
@@ -68,8 +74,9 @@ METHODS = [
 WORDS = [f"w{i}" for i in range(8000)]
 
 
-def tokenizer():
-    """A word-level tokenizer over WORDS with BERT's special tokens."""
+def tokenizer(wrap: bool = True):
+    """A word-level tokenizer over WORDS with BERT's special tokens; ``wrap``: around every
+    text ([CLS] ... [SEP]), which a decoder explaining a continuation must not have."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -77,9 +84,10 @@ def tokenizer():
     vocab = {token: i for i, token in enumerate(specials + WORDS)}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    backend.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
-    )
+    if wrap:
+        backend.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+        )
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token="[PAD]",
@@ -101,7 +109,7 @@ def save_model(name: str, directory: Path, smoke: bool) -> Path:
 
     vocab = len(WORDS) + 5
     torch.manual_seed(0)
-    if name == "smollm2":
+    if name in ("smollm2", "context"):
         size = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30)
         if smoke:
             size = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2)
@@ -109,7 +117,7 @@ def save_model(name: str, directory: Path, smoke: bool) -> Path:
             vocab_size=vocab,
             num_attention_heads=9 if not smoke else 4,
             num_key_value_heads=3 if not smoke else 2,
-            max_position_embeddings=256,
+            max_position_embeddings=1024,
             pad_token_id=0,
             **size,
         )
@@ -128,7 +136,7 @@ def save_model(name: str, directory: Path, smoke: bool) -> Path:
         )
         model = BertForSequenceClassification(config)
     model.save_pretrained(directory)
-    tokenizer().save_pretrained(directory)
+    tokenizer(wrap=name != "context").save_pretrained(directory)
     return directory
 
 
@@ -240,12 +248,95 @@ def check_model(name: str, device: torch.device, args, scratch: Path) -> dict:
     return rows
 
 
+def contexts(count: int, seed: int = 0) -> list:
+    """Synthetic context examples: 16 segments, a two-word query, a 16-word answer."""
+    from attrib_bench.segments.data import SegmentExample
+
+    rng = random.Random(seed)
+
+    def words(k: int) -> str:
+        return " ".join(rng.choices(WORDS, k=k))
+
+    return [
+        SegmentExample(
+            id=str(i),
+            segments=tuple(words(rng.randint(12, 24)) for _ in range(16)),
+            query=words(2),
+            answer=" " + words(16),
+        )
+        for i in range(count)
+    ]
+
+
+#: The segment methods the context check times, as ``attrib-bench context`` names them; ``:steps``
+#: marks a per-step run (``--per-step``).
+CONTEXT_METHODS = [
+    "leave-one-segment-out",
+    "leave-one-segment-out:cache=false",
+    "input-x-gradient",
+    "input-x-gradient:steps",
+    "integrated-gradients:steps=16:steps",
+    "context-cite",
+]
+
+
+def check_context(device: torch.device, args, scratch: Path) -> dict:
+    """Each segment method over every context (a fresh scorer each: no ablation shared)."""
+    from attrib_bench.segments.scorer import SegmentScorer
+
+    directory = save_model("context", scratch / "context", args.smoke)
+    loaded = load_model(str(directory), str(device), architectures=ARCHITECTURES)
+    examples = contexts(args.contexts)
+
+    def scorers() -> list:
+        return [SegmentScorer(loaded, e, batch_size=args.batch_size) for e in examples]
+
+    def forward() -> None:
+        for scorer in scorers():
+            scorer.full_score  # noqa: B018 (one forward pass of the prompt and the answer)
+
+    def segment_method(spec: str):
+        per_step = spec.endswith(":steps")
+        name, _, settings = spec.removesuffix(":steps").partition(":")
+        raw = dict(item.split("=") for item in settings.split(":")) if settings else {}
+        attributor = REGISTRY.segment_attributors[name].obj.configure(raw)
+        call = attributor.attribute_steps if per_step else attributor.attribute_segments
+        return lambda: [call(scorer) for scorer in scorers()]
+
+    runs = {"forward": forward} | {spec: segment_method(spec) for spec in CONTEXT_METHODS}
+    rows: dict[str, dict] = {}
+    for label, run in runs.items():
+        try:
+            run()  # warm-up
+            seconds, peak = measured(device, run)
+        except Exception as error:  # one method's failure is its row, not the check's end
+            rows[label] = {"error": f"{type(error).__name__}: {error}"[:300]}
+            print(f"{'context':10s} {label:36s} {rows[label]['error']}", flush=True)
+            continue
+        rows[label] = {
+            "seconds": round(seconds, 4),
+            "contexts_per_second": round(len(examples) / seconds, 2),
+            "peak_mb": round(peak, 1),
+        }
+        print(
+            f"{'context':10s} {label:36s} {seconds:8.3f} s {len(examples) / seconds:7.2f} ctx/s "
+            f"{peak:9.1f} MB",
+            flush=True,
+        )
+    floor = rows["forward"].get("seconds")
+    for row in rows.values():
+        if "seconds" in row and floor:
+            row["ratio_to_forward"] = round(row["seconds"] / floor, 2)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--examples", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--models", default="minilm,bert-base,smollm2")
+    parser.add_argument("--models", default="minilm,bert-base,smollm2,context")
+    parser.add_argument("--contexts", type=int, default=16, help="contexts of the context check")
     parser.add_argument("--smoke", action="store_true", help="tiny models, any device")
     parser.add_argument("--output", type=Path, help="where gpu.json goes (default: $OUT or .)")
     args = parser.parse_args()
@@ -255,17 +346,22 @@ def main() -> None:
         sys.exit(2)
     if args.smoke:
         args.examples, args.batch_size = min(args.examples, 16), min(args.batch_size, 8)
+        args.contexts = min(args.contexts, 2)
     start = time.perf_counter()
     results = {}
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.models.split(","):
-            results[name] = check_model(name, device, args, Path(scratch))
+            if name == "context":
+                results[name] = check_context(device, args, Path(scratch))
+            else:
+                results[name] = check_model(name, device, args, Path(scratch))
     document = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "examples": args.examples,
         "batch_size": args.batch_size,
+        "contexts": args.contexts,
         "smoke": args.smoke,
         "wall_seconds": round(time.perf_counter() - start, 1),
         "models": results,
