@@ -17,7 +17,8 @@ math and the references: docs/segments.md). Methods:
 
 Under ``--per-step`` the methods that can also return a step x segment matrix (each answer
 step's log-probability attributed; its rows sum to the summed row) do: leave-one-segment-out
-and the two gradient methods.
+and the two gradient methods, which also attribute each step to the answer's earlier tokens
+(the prefix, kept apart: for an encoder-decoder model, the decoder's input).
 - ``random``: seeded per example, the floor.
 
 Evaluators: ``topk-drop`` (the score's drop when the k top-scored segments are removed;
@@ -36,7 +37,7 @@ import math
 import numpy as np
 import torch
 
-from attrib_bench import Configurable, SegmentScorer, hookimpl
+from attrib_bench import Configurable, SegmentScorer, StepScores, hookimpl
 from attrib_bench.toolkit.ranking import auprc
 
 
@@ -62,7 +63,8 @@ class LeaveOneSegmentOut(Configurable):
         return scorer.full_score - without_S
 
     def attribute_steps(self, scorer: SegmentScorer) -> np.ndarray:
-        """Each answer step's log-probability drop, (T, S): the same passes, kept per step."""
+        """Each answer step's log-probability drop, (T, S): the same passes, kept per step
+        (the answer's own tokens are never removed: no prefix part)."""
         without_ST = scorer.leave_one_out(cached=self.params["cache"])
         full_T = scorer.steps(np.ones((1, scorer.count), dtype=bool))[0]
         return (full_T[None, :] - without_ST).T
@@ -122,14 +124,10 @@ class TokenGradients(Configurable):
             self.parameters = {}
             self.params = {}
 
-    def _embedded(self, scorer: SegmentScorer) -> torch.Tensor:
-        ids = torch.tensor([scorer.ids()], device=scorer.loaded.device)
-        return scorer.loaded.model.get_input_embeddings()(ids).detach()
-
     def attribute_segments(self, scorer: SegmentScorer) -> np.ndarray:
         import captum.attr
 
-        embeddings = self._embedded(scorer).requires_grad_()
+        inputs = tuple(e.requires_grad_() for e in scorer.embedded())
         method = getattr(captum.attr, self.method)(scorer.score_from_embeddings)
         extra = {}
         if self.method == "IntegratedGradients":
@@ -138,16 +136,17 @@ class TokenGradients(Configurable):
                 "internal_batch_size": self.params["internal_batch_size"],
             }
         with scorer.loaded.fast_attention():
-            tokens = method.attribute(embeddings, **extra)[0].sum(dim=-1)
+            tokens = method.attribute(inputs, **extra)[0][0].sum(dim=-1)
         return scorer.to_segments(tokens[None].detach().cpu().double().numpy())[0]
 
-    def attribute_steps(self, scorer: SegmentScorer) -> np.ndarray:
-        """Each answer step's log-probability attributed, (T, S): per chunk of path points one
-        forward pass and T backward passes (Captum's IG with ``target=t`` would run the
-        forward T times). Input x gradient is the one-point path at the input, weight 1; IG
-        takes Captum's Gauss-Legendre points and weights with its zero baseline, so each row
+    def attribute_steps(self, scorer: SegmentScorer) -> StepScores:
+        """Each answer step's log-probability attributed, to the segments (T, S) and to the
+        answer's earlier tokens (T, T - 1): per chunk of path points one forward pass and T
+        backward passes (Captum's IG with ``target=t`` would run the forward T times). Input x
+        gradient is the one-point path at the input, weight 1; IG takes Captum's
+        Gauss-Legendre points and weights with its zero baseline for every input, so each row
         equals Captum's attribution of that step, and the rows sum to the summed row."""
-        inputs = self._embedded(scorer)
+        inputs = scorer.embedded()
         alphas, weights = [1.0], [1.0]
         chunk = 1
         if self.method == "IntegratedGradients":
@@ -157,21 +156,22 @@ class TokenGradients(Configurable):
             alphas, weights = points(self.params["steps"]), step_sizes(self.params["steps"])
             chunk = self.params["internal_batch_size"]
         T = len(scorer.answer_ids)
-        tokens_TN = torch.zeros(T, inputs.shape[1], dtype=inputs.dtype, device=inputs.device)
+        device, dtype = inputs[0].device, inputs[0].dtype
+        tokens = [torch.zeros(T, x.shape[1], dtype=dtype, device=device) for x in inputs]
         with scorer.loaded.fast_attention():
             for first in range(0, len(alphas), chunk):
-                a = torch.tensor(alphas[first : first + chunk], dtype=inputs.dtype)
+                a = torch.tensor(alphas[first : first + chunk], dtype=dtype).to(device)
                 # Captum rounds its step sizes to float32 (IntegratedGradients._attribute).
                 w = torch.tensor(weights[first : first + chunk], dtype=torch.float32)
-                a, w = a.to(inputs.device), w.to(inputs.device, inputs.dtype)
-                path = (a[:, None, None] * inputs).requires_grad_()
-                steps_XT = scorer.steps_from_embeddings(path)
+                w = w.to(device, dtype)[:, None, None]
+                paths = [(a[:, None, None] * x).requires_grad_() for x in inputs]
+                steps_XT = scorer.steps_from_embeddings(*paths)
                 for t in range(T):
-                    (grad,) = torch.autograd.grad(
-                        steps_XT[:, t].sum(), path, retain_graph=t < T - 1
-                    )
-                    tokens_TN[t] += (w[:, None, None] * grad * inputs).sum(dim=(0, 2))
-        return scorer.to_segments(tokens_TN.detach().cpu().double().numpy())
+                    grads = torch.autograd.grad(steps_XT[:, t].sum(), paths, retain_graph=t < T - 1)
+                    for total, grad, x in zip(tokens, grads, inputs, strict=True):
+                        total[t] += (w * grad * x).sum(dim=(0, 2))
+        tokens_np = [t.detach().cpu().double().numpy() for t in tokens]
+        return StepScores(scorer.to_segments(tokens_np[0]), scorer.answer_columns(tokens_np))
 
 
 class RandomSegments(Configurable):

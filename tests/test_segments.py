@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -97,24 +98,30 @@ def _segment_sums(scorer: SegmentScorer, tokens_N: np.ndarray) -> np.ndarray:
 
 def test_per_step_input_x_gradient_is_autograd_of_each_step(decoder64):
     """Row t: x times the gradient of log p(a_t | prefix) from its own forward pass through the
-    model's logits (float64), summed over the hidden size and over the segment's tokens."""
-    scorer = SegmentScorer(decoder64, EXAMPLE, TEMPLATE)
-    T = len(scorer.answer_ids)
-    assert T >= 2
+    model's logits (float64), summed over the hidden size and over the segment's tokens; and,
+    kept apart, over each of the answer's earlier tokens (the prefix)."""
+    example = replace(EXAMPLE, answer=" the cat sat")
+    scorer = SegmentScorer(decoder64, example, TEMPLATE)
+    T, P = len(scorer.answer_ids), len(scorer.prompt_ids)
+    assert T == 3
     ids = torch.tensor([scorer.ids()])
     N = ids.shape[1]
-    expected = []
+    expected, prefix = [], []
     for t in range(T):
         embeddings = decoder64.model.get_input_embeddings()(ids).detach().requires_grad_()
         with decoder64.fast_attention():  # the same kernels: LLaMA's RMSNorm rounds to float32
             logits = decoder64.model(inputs_embeds=embeddings).logits[0, N - T - 1 + t]
         log_p = torch.log_softmax(logits, -1)[scorer.answer_ids[t]]
         (grad,) = torch.autograd.grad(log_p, embeddings)
-        expected.append(_segment_sums(scorer, (grad * embeddings)[0].sum(-1).detach().numpy()))
+        tokens = (grad * embeddings)[0].sum(-1).detach().numpy()
+        expected.append(_segment_sums(scorer, tokens))
+        prefix.append(tokens[P : P + T - 1])
     method = TokenGradients("input-x-gradient", "InputXGradient")
-    steps_TS = method.attribute_steps(scorer)
-    _close(decoder64, steps_TS, np.array(expected))
-    _close(decoder64, steps_TS.sum(0), method.attribute_segments(scorer))
+    steps = method.attribute_steps(scorer)
+    _close(decoder64, steps.segments_TS, np.array(expected))
+    _close(decoder64, steps.prefix_TP, np.array(prefix))
+    assert (steps.prefix_TP[np.triu_indices(T, 0, T - 1)] == 0).all()  # never a later token
+    _close(decoder64, steps.segments_TS.sum(0), method.attribute_segments(scorer))
 
 
 def test_per_step_integrated_gradients_is_captums_per_step(decoder64):
@@ -138,7 +145,7 @@ def test_per_step_integrated_gradients_is_captums_per_step(decoder64):
         )
         for t in range(len(scorer.answer_ids))
     ]
-    steps_TS = method.attribute_steps(scorer)
+    steps_TS = method.attribute_steps(scorer).segments_TS
     _close(decoder64, steps_TS, np.array(expected))
     _close(decoder64, steps_TS.sum(0), method.attribute_segments(scorer))
 
@@ -378,7 +385,7 @@ def test_report_renders_a_segment_report(tmp_path):
         data,
         model=str(model),
         template=TEMPLATE,
-        methods=["leave-one-segment-out", "random"],
+        methods=["leave-one-segment-out", "input-x-gradient", "random"],
         per_step=True,
         device="cpu",
     )
@@ -399,6 +406,9 @@ def test_report_renders_a_segment_report(tmp_path):
     tokens = report["examples"][0]["answer_tokens"]
     assert all(f"<td><code>{token}</code></td>" in html for token in tokens)
     assert "random per answer step" not in html  # random has no per-step form
+    # Input x gradient also attributes the second step to the answer's first token.
+    assert "input-x-gradient per answer step (rows) and earlier answer token (columns)" in html
+    assert "leave-one-segment-out per answer step (rows) and earlier" not in html
 
 
 def test_a_failing_method_leaves_the_others(run_cli, tmp_path):

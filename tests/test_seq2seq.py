@@ -5,6 +5,7 @@ ship offline), against the models' own loss path and against running the encoder
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -65,25 +66,46 @@ def test_leave_one_out_is_the_drop_without_each_segment(seq2seq64):
     _close(seq2seq64, LeaveOneSegmentOut().attribute_segments(scorer), full - np.array(without))
 
 
-def test_source_gradients_equal_running_the_encoder_alone(seq2seq64):
-    """Row t of input x gradient: the source embeddings through the encoder run alone, its
-    output into the decoder, autograd of log p(a_t); summed per segment."""
+def test_embedded_inputs_are_what_the_model_embeds_itself(seq2seq64):
+    """Marian scales its embeddings inside each stack (``embed_scale``), which
+    ``inputs_embeds`` skips: the gradient methods' inputs must carry the scale."""
     scorer = SegmentScorer(seq2seq64, EXAMPLE, TEMPLATE)
-    ids = torch.tensor([scorer.prompt_ids])
+    source, target = scorer.embedded()
+    labels = torch.tensor([scorer.answer_ids])
+    with torch.no_grad():
+        own = seq2seq64.model(input_ids=torch.tensor([scorer.prompt_ids]), labels=labels).logits
+        ours = seq2seq64.model(inputs_embeds=source, decoder_inputs_embeds=target).logits
+    np.testing.assert_allclose(ours.numpy(), own.numpy(), rtol=0, atol=1e-12)
+
+
+def test_gradients_equal_running_the_encoder_alone(seq2seq64):
+    """Row t of input x gradient: the source embeddings through the encoder run alone, its
+    output and the decoder's input embeddings into the decoder, autograd of log p(a_t); summed
+    per segment, and over the decoder's input tokens a_0..a_{T-2} (the prefix, kept apart)."""
+    example = replace(EXAMPLE, answer=" the cat sat")
+    scorer = SegmentScorer(seq2seq64, example, TEMPLATE)
+    T = len(scorer.answer_ids)
     owner = scorer.token_segments
-    expected = []
-    for t in range(len(scorer.answer_ids)):
-        embeddings = seq2seq64.model.get_input_embeddings()(ids).detach().requires_grad_()
+    expected, prefix = [], []
+    for t in range(T):
+        source, target = (x.clone().requires_grad_() for x in scorer.embedded())
         with seq2seq64.fast_attention():
-            encoded = seq2seq64.model.get_encoder()(inputs_embeds=embeddings)
-            log_p = _own_log_probs(seq2seq64, None, scorer.answer_ids, encoded)[t]
-        (grad,) = torch.autograd.grad(log_p, embeddings)
-        tokens = (grad * embeddings)[0].sum(-1).detach().numpy()
-        expected.append([tokens[owner == s].sum() for s in range(4)])
+            encoded = seq2seq64.model.get_encoder()(inputs_embeds=source)
+            logits = seq2seq64.model(encoder_outputs=encoded, decoder_inputs_embeds=target).logits
+        log_p = torch.log_softmax(logits[0, t], -1)[scorer.answer_ids[t]]
+        grads = torch.autograd.grad(log_p, (source, target))
+        tokens = [
+            (g * x)[0].sum(-1).detach().numpy()
+            for g, x in zip(grads, (source, target), strict=True)
+        ]
+        expected.append([tokens[0][owner == s].sum() for s in range(4)])
+        prefix.append(tokens[1][1:T])
     method = TokenGradients("input-x-gradient", "InputXGradient")
-    steps_TS = method.attribute_steps(scorer)
-    _close(seq2seq64, steps_TS, np.array(expected))
-    _close(seq2seq64, steps_TS.sum(0), method.attribute_segments(scorer))
+    steps = method.attribute_steps(scorer)
+    _close(seq2seq64, steps.segments_TS, np.array(expected))
+    _close(seq2seq64, steps.prefix_TP, np.array(prefix))
+    assert (steps.prefix_TP[np.triu_indices(T, 0, T - 1)] == 0).all()  # never a later token
+    _close(seq2seq64, steps.segments_TS.sum(0), method.attribute_segments(scorer))
 
 
 def test_context_runs_a_seq2seq_model_and_run_refuses_it(run_cli, tmp_path):
@@ -102,6 +124,7 @@ def test_context_runs_a_seq2seq_model_and_run_refuses_it(run_cli, tmp_path):
     assert len(example["answer_tokens"]) == 2
     assert all(row["status"] == "ok" for row in written["methods"].values())
     assert np.shape(example["steps"]["input-x-gradient"]) == (2, 4)
+    assert np.shape(example["prefix_steps"]["input-x-gradient"]) == (2, 1)
 
     code, _, err = run_cli("run", "--model", model, "--dataset", "default", "--limit", "2")
     assert code == 2 and len(err.strip().splitlines()) == 1

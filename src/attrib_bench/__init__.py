@@ -52,6 +52,7 @@ _EXPORTS = {
     "SegmentAttributor": "attrib_bench.core.segment_interfaces",
     "SegmentEvaluator": "attrib_bench.core.segment_interfaces",
     "SegmentScorer": "attrib_bench.segments.scorer",
+    "StepScores": "attrib_bench.core.segment_interfaces",
     "TRACE_FIELDS": "attrib_bench.core.trace_fields",
     "Trace": "attrib_bench.core.trace",
     "TraceField": "attrib_bench.core.trace_fields",
@@ -79,6 +80,7 @@ __all__ = [
     "SegmentAttributor",
     "SegmentEvaluator",
     "SegmentScorer",
+    "StepScores",
     "Trace",
     "TraceField",
     "UsageError",
@@ -135,7 +137,11 @@ if TYPE_CHECKING:
         Example,
         ModelEvaluator,
     )
-    from attrib_bench.core.segment_interfaces import SegmentAttributor, SegmentEvaluator
+    from attrib_bench.core.segment_interfaces import (
+        SegmentAttributor,
+        SegmentEvaluator,
+        StepScores,
+    )
     from attrib_bench.core.trace import Trace
     from attrib_bench.core.trace_fields import TRACE_FIELDS, TraceField
     from attrib_bench.results.compare import Comparison

@@ -127,17 +127,25 @@ def _example_html(example: Mapping[str, Any]) -> str:
         f"<h3>{_escape(example['id'])}: answer <code>{_escape(example['answer'])}</code></h3>",
         f"<table class='heat'><tr><th>#</th><th>segment</th>{head}</tr>{''.join(body)}</table>",
     ]
-    for method, matrix in (example.get("steps") or {}).items():
-        steps = np.asarray(matrix, dtype=float)
-        columns = "".join(f"<th>{i}</th>" for i in range(steps.shape[1]))
+    tokens = example.get("answer_tokens") or []
+    matrices = [
+        (method, matrix, "segment", [str(i) for i in range(len(example["segments"]))])
+        for method, matrix in (example.get("steps") or {}).items()
+    ] + [
+        (method, matrix, "earlier answer token", tokens[:-1])
+        for method, matrix in (example.get("prefix_steps") or {}).items()
+        if len(tokens) > 1
+    ]
+    for method, matrix, what, names in matrices:
+        columns = "".join(f"<th>{_escape(name)}</th>" for name in names)
         rows = "".join(
             f"<tr><td><code>{_escape(token)}</code></td>"
             + "".join(_heat_cell(v, w) for v, w in zip(row, _weights(row), strict=True))
             + "</tr>"
-            for token, row in zip(example["answer_tokens"], steps, strict=True)
+            for token, row in zip(tokens, np.asarray(matrix, dtype=float), strict=True)
         )
         parts.append(
-            f"<p>{_escape(method)} per answer step (rows) and segment (columns):</p>"
+            f"<p>{_escape(method)} per answer step (rows) and {what} (columns):</p>"
             f"<table class='heat'><tr><th>step</th>{columns}</tr>{rows}</table>"
         )
     return "".join(parts)
@@ -147,7 +155,7 @@ def render_segments_html(report: Mapping[str, Any], examples: int = 6) -> str:
     """The segment report as one self-contained page: the summary, then per example each
     segment's score under each method (colour: the rank of |score| in the method's column,
     red positive, blue negative; ★ human evidence) and, with ``--per-step``, each method's
-    step x segment matrix (colour by rank within each step)."""
+    step x segment and step x earlier-answer-token matrices (colour by rank within each step)."""
     from attrib_bench.reports.html import _escape, page
 
     header, rows = _summary_lines(report)

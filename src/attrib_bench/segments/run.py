@@ -3,7 +3,7 @@
 Per example: the answer (given, or generated greedily), one ``SegmentScorer`` whose ablations
 all methods and evaluators share, each method's scores and seconds, each evaluator's values;
 with ``per_step``, also the step x segment matrix of each method that has ``attribute_steps``
-(its rows summed are then the scores). A
+(its rows summed are then the scores) and, where it gives one, its step x answer-prefix matrix. A
 method that fails is recorded with its one-line reason and the others go on. The report holds
 the per-example scores and a summary per method and value (mean, bootstrap CI).
 """
@@ -22,6 +22,7 @@ from attrib_bench.core.console import progress, warn
 from attrib_bench.core.errors import UsageError
 from attrib_bench.core.loaded_model import LoadedModel
 from attrib_bench.core.registry import Registry
+from attrib_bench.core.segment_interfaces import StepScores
 from attrib_bench.results.stats import summarize
 from attrib_bench.segments.data import (
     DEFAULT_TEMPLATE,
@@ -124,18 +125,15 @@ def run_segments(
             }
             if config.per_step:
                 tokens = loaded.tokenizer.convert_ids_to_tokens(scorer.answer_ids)
-                record.update(answer_tokens=tokens, steps={})
+                record.update(answer_tokens=tokens, steps={}, prefix_steps={})
             for spec, method in methods.items():
                 if spec in failed:
                     continue
                 start = clock()
                 try:
-                    steps_TS = None
+                    steps_TS = prefix_TP = None
                     if stepped[spec]:
-                        steps_TS = np.asarray(method.attribute_steps(scorer), dtype=float)
-                        shape = (len(scorer.answer_ids), scorer.count)
-                        if steps_TS.shape != shape:
-                            raise ValueError(f"returned shape {steps_TS.shape}, not {shape}")
+                        steps_TS, prefix_TP = _step_scores(method.attribute_steps(scorer), scorer)
                         scores_S = steps_TS.sum(axis=0)
                     else:
                         scores_S = np.asarray(method.attribute_segments(scorer), dtype=float)
@@ -151,6 +149,8 @@ def run_segments(
                 record["scores"][spec] = scores_S.tolist()
                 if steps_TS is not None:
                     record["steps"][spec] = steps_TS.tolist()
+                if prefix_TP is not None:
+                    record["prefix_steps"][spec] = prefix_TP.tolist()
                 record["values"][spec] = {}
                 for evaluator in evaluators.values():
                     record["values"][spec].update(evaluator.evaluate_segments(scorer, scores_S))
@@ -172,6 +172,20 @@ def run_segments(
             for spec in methods
         },
     }
+
+
+def _step_scores(value: Any, scorer: SegmentScorer) -> tuple[np.ndarray, np.ndarray | None]:
+    """``attribute_steps``'s matrix (T, S) and prefix (T, T - 1) or None, shapes checked."""
+    steps, prefix = value if isinstance(value, StepScores) else (value, None)
+    T = len(scorer.answer_ids)
+    steps = np.asarray(steps, dtype=float)
+    if steps.shape != (T, scorer.count):
+        raise ValueError(f"returned shape {steps.shape}, not {(T, scorer.count)}")
+    if prefix is not None:
+        prefix = np.asarray(prefix, dtype=float)
+        if prefix.shape != (T, T - 1):
+            raise ValueError(f"returned a prefix of shape {prefix.shape}, not {(T, T - 1)}")
+    return steps, prefix
 
 
 def _summary(records: list[dict], spec: str, seed: int) -> dict[str, dict]:

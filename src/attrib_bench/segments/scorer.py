@@ -20,7 +20,8 @@ is shared and leave-one-out runs each ablated prompt whole.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -284,23 +285,55 @@ class SegmentScorer:
             self.memo.setdefault(masks[s].tobytes(), values)
         return np.stack([results[s] for s in range(self.count)])
 
-    def steps_from_embeddings(self, embeddings_XND: torch.Tensor) -> torch.Tensor:
-        """The answer's per-step log-probabilities, (X, T), from the full sequence's input
-        embeddings (``ids()`` embedded, perhaps scaled or perturbed)."""
-        X, N, _ = embeddings_XND.shape
-        if self.loaded.is_seq2seq:  # the source's embeddings, into the encoder
-            logits = self.loaded.model(
-                inputs_embeds=embeddings_XND,
-                decoder_input_ids=self._decoder_inputs(X),
-                use_cache=False,
-            ).logits
+    def embedded(self) -> tuple[torch.Tensor, ...]:
+        """The inputs gradient methods attribute to, each (1, n, D), as the model embeds them
+        itself: a causal model's one sequence (the prompt, then the answer); an encoder-decoder
+        model's encoder input (the prompt) and decoder input (the start token, then the
+        answer's tokens but the last), each as its stack takes it (``_stack_embedding``)."""
+        device = self.loaded.device
+        if not self.loaded.is_seq2seq:
+            ids = torch.tensor([self.ids()], device=device)
+            return (self.loaded.model.get_input_embeddings()(ids).detach(),)
+        model = self.loaded.model
+        prompt = torch.tensor([self.prompt_ids], device=device)
+        source = _stack_embedding(model.get_encoder(), prompt)
+        target = _stack_embedding(
+            model.get_decoder(),
+            self._decoder_inputs(1),
+            lambda: model.get_encoder()(input_ids=prompt).last_hidden_state,
+        )
+        return source.detach(), target.detach()
+
+    def steps_from_embeddings(self, *embeddings: torch.Tensor) -> torch.Tensor:
+        """The answer's per-step log-probabilities, (X, T), from ``embedded()``'s inputs (perhaps
+        scaled or perturbed, X rows each). An encoder-decoder model given only the source's
+        embeddings reads the decoder's input from the answer's ids."""
+        first = embeddings[0]
+        X, N, _ = first.shape
+        if self.loaded.is_seq2seq:
+            target = (
+                {"decoder_inputs_embeds": embeddings[1]}
+                if len(embeddings) > 1
+                else {"decoder_input_ids": self._decoder_inputs(X)}
+            )
+            logits = self.loaded.model(inputs_embeds=first, use_cache=False, **target).logits
             return self._seq2seq_log_probs(logits)
-        hidden = self.loaded.model.base_model(inputs_embeds=embeddings_XND, use_cache=False)
+        hidden = self.loaded.model.base_model(inputs_embeds=first, use_cache=False)
         return self._answer_log_probs(hidden.last_hidden_state, [N] * X)
 
-    def score_from_embeddings(self, embeddings_XND: torch.Tensor) -> torch.Tensor:
+    def score_from_embeddings(self, *embeddings: torch.Tensor) -> torch.Tensor:
         """The answer's log-probability, (X,): what gradient methods differentiate."""
-        return self.steps_from_embeddings(embeddings_XND).sum(dim=1)
+        return self.steps_from_embeddings(*embeddings).sum(dim=1)
+
+    def answer_columns(self, tokens: Sequence[np.ndarray]) -> np.ndarray:
+        """From token scores over ``embedded()``'s inputs, (Y, n) each, those of the answer's
+        tokens but the last as inputs, (Y, T - 1): the answer prefix, kept apart from the
+        segments."""
+        T = len(self.answer_ids)
+        if self.loaded.is_seq2seq:  # the decoder's input: the start token, then a_0..a_{T-2}
+            return np.asarray(tokens[1])[:, 1:T]
+        start = len(self.prompt_ids)
+        return np.asarray(tokens[0])[:, start : start + T - 1]
 
     def to_segments(self, tokens_YN: np.ndarray) -> np.ndarray:
         """Token scores over the prompt (and perhaps the answer after it), (Y, N), summed over
@@ -308,6 +341,35 @@ class SegmentScorer:
         owner_P = self.token_segments
         prompt_YP = np.asarray(tokens_YN)[:, : len(owner_P)]
         return np.stack([prompt_YP[:, owner_P == s].sum(axis=1) for s in range(self.count)], 1)
+
+
+#: Per encoder or decoder stack with an ``embed_scale``: whether ``inputs_embeds`` must carry
+#: the scale (the stack applies it to ids only) or not (it applies it to any input).
+_SCALED_INPUTS: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
+
+
+def _stack_embedding(
+    stack: torch.nn.Module,
+    ids: torch.Tensor,
+    memory: Callable[[], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """What an encoder or decoder stack takes as ``inputs_embeds`` to compute what it computes
+    from ``ids``: its token embeddings, times its ``embed_scale`` (Marian) where the stack
+    scales only the embeddings it looks up itself. transformers' Marian encoder does so and its
+    decoder scales any input, so which holds is found once per stack by running it both ways
+    (``memory`` gives the encoder's output, for a decoder). T5's and BART's stacks have no
+    scale."""
+    raw = stack.embed_tokens(ids)
+    scale = getattr(stack, "embed_scale", None)
+    if not scale or scale == 1.0:
+        return raw
+    if stack not in _SCALED_INPUTS:
+        with torch.no_grad():
+            extra = {} if memory is None else {"encoder_hidden_states": memory()}
+            own = stack(input_ids=ids, **extra).last_hidden_state
+            scaled = stack(inputs_embeds=raw * scale, **extra).last_hidden_state
+        _SCALED_INPUTS[stack] = bool(torch.allclose(own, scaled))
+    return raw * scale if _SCALED_INPUTS[stack] else raw
 
 
 def _cache_keyword(model: torch.nn.Module) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from attrib_bench.core.loaded_model import LoadedModel
+from attrib_bench.core.segment_interfaces import StepScores
 from attrib_bench.segments.data import DEFAULT_TEMPLATE, SegmentExample
 from attrib_bench.segments.scorer import SegmentScorer
 from attrib_bench.testing.conformance import _failure, _mismatch, _raise, built_once
@@ -230,7 +231,8 @@ def check_segment_attributor(obj: Any, families: Sequence[str] = FAMILIES) -> Se
     to float32 rounding (relative 1e-4, absolute 1e-5 of the largest score or of the answer's
     log-probability, whichever is larger: the scores depend on the example, not on the
     scorer's memory or its batch padding); ``attribute_steps``, if
-    the method has it, returns (T, S) finite rows summing to the scores (the same rounding).
+    the method has it, returns (T, S) finite rows summing to the scores (the same rounding),
+    and a ``StepScores`` prefix (T, T - 1) that is 0 from column t on in row t.
     """
     problems = _interface(obj, "attribute_segments")
     _raise(obj, problems)
@@ -280,16 +282,39 @@ def _attributor_problems(
         if difference is not None:
             problems.append(message.format(difference))
     if steps:
-        T = len(_scorer(loaded, example).answer_ids)
-        call = "attribute_steps(scorer)"
-        value, failure = _call(lambda: obj.attribute_steps(_scorer(loaded, example)), call)
-        matrix, problem = (None, failure) if failure else _scores(value, (T, count), call)
-        difference = problem or _mismatch(first, matrix.sum(axis=0), scale)
-        if difference is not None:
-            problems.append(
-                f"attribute_steps does not sum over its rows to attribute_segments "
-                f"({difference}): row t attributes the answer's step t alone"
+        problems += _steps_problems(obj, loaded, example, first, scale)
+    return problems
+
+
+def _steps_problems(
+    obj: Any, loaded: LoadedModel, example: SegmentExample, first: np.ndarray, scale: float
+) -> list[str]:
+    """``attribute_steps``: (T, S) rows summing to the scores; a prefix (T, T - 1) that is 0
+    where a step would read the answer's token at or after itself."""
+    T = len(_scorer(loaded, example).answer_ids)
+    call = "attribute_steps(scorer)"
+    value, failure = _call(lambda: obj.attribute_steps(_scorer(loaded, example)), call)
+    if failure is not None:
+        return [failure]
+    matrix, prefix = value if isinstance(value, StepScores) else (value, None)
+    matrix, problem = _scores(matrix, (T, len(first)), call)
+    difference = problem or _mismatch(first, matrix.sum(axis=0), scale)
+    problems = []
+    if difference is not None:
+        problems.append(
+            f"attribute_steps does not sum over its rows to attribute_segments "
+            f"({difference}): row t attributes the answer's step t alone"
+        )
+    if prefix is not None:
+        prefix, problem = _scores(prefix, (T, T - 1), f"{call}'s prefix")
+        later = np.triu(np.ones((T, T - 1), dtype=bool))  # column j >= row t
+        if problem is None and np.abs(prefix[later]).max(initial=0.0) > 1e-6 * scale:
+            problem = (
+                "the prefix gives a step a score for the answer's token at or after it: row t "
+                "scores the tokens a_0..a_(t-1) it reads, and is 0 from column t on"
             )
+        if problem is not None:
+            problems.append(problem)
     return problems
 
 
