@@ -150,6 +150,39 @@ def test_per_step_integrated_gradients_is_captums_per_step(decoder64):
     _close(decoder64, steps_TS.sum(0), method.attribute_segments(scorer))
 
 
+def test_token_methods_sum_each_steps_row_over_the_segments(decoder64):
+    """A registered token attributor as a segment method: step t explains the logit of a_t
+    after the prompt and a_<t (the run's ``position=last,score=gold``); ``saliency:reduce=sum``
+    there is x times the gradient of that logit, from its own float64 pass, summed per segment
+    and over a_<t (the prefix); the scores are the steps' sum."""
+    from attrib_bench.segments.token_methods import TokenMethodSegments
+
+    example = replace(EXAMPLE, answer=" the cat sat")
+    scorer = SegmentScorer(decoder64, example, TEMPLATE)
+    T, P = len(scorer.answer_ids), len(scorer.prompt_ids)
+    full = scorer.ids()
+    expected, prefix = [], []
+    for t in range(T):
+        ids = torch.tensor([full[: P + t]])
+        embeddings = decoder64.model.get_input_embeddings()(ids).detach().requires_grad_()
+        with decoder64.fast_attention():
+            logit = decoder64.model(inputs_embeds=embeddings).logits[0, -1, full[P + t]]
+        (grad,) = torch.autograd.grad(logit, embeddings)
+        tokens = (grad * embeddings)[0].sum(-1).detach().numpy()
+        expected.append(_segment_sums(scorer, tokens))
+        prefix.append(np.pad(tokens[P:], (0, T - 1 - t)))
+    registry = load_registry()
+    method = TokenMethodSegments(
+        "saliency:reduce=sum",
+        registry.attributor("saliency:reduce=sum"),
+        registry.trace_field_specs(),
+    )
+    steps = method.attribute_steps(scorer)
+    _close(decoder64, steps.segments_TS, np.array(expected))
+    _close(decoder64, steps.prefix_TP, np.array(prefix))
+    _close(decoder64, method.attribute_segments(scorer), np.array(expected).sum(0))
+
+
 def test_per_step_leave_one_out_is_each_steps_drop(decoder64):
     scorer = SegmentScorer(decoder64, EXAMPLE, TEMPLATE)
     full_T = scorer.steps(np.ones((1, 4), dtype=bool))[0]
@@ -386,8 +419,13 @@ def test_report_renders_a_segment_report(tmp_path):
         model=str(model),
         template=TEMPLATE,
         methods=["leave-one-segment-out", "input-x-gradient", "random"],
+        token_methods=["rollout", "alti"],
         per_step=True,
         device="cpu",
+    )
+    assert {m: row["status"] for m, row in report["methods"].items()} == dict.fromkeys(
+        ["leave-one-segment-out", "input-x-gradient", "random", "tokens/rollout", "tokens/alti"],
+        "ok",
     )
     written = tmp_path / "report.json"
     written.write_text(json.dumps(report))

@@ -427,6 +427,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     context.add_argument("--methods", type=_split_specs, help="segment methods (default: all)")
     context.add_argument(
+        "--token-methods",
+        type=_split_specs,
+        help="registered token attributors too, summed over each segment (saliency,attention)",
+    )
+    context.add_argument(
         "--evaluators",
         dest="segment_evaluators",
         type=_split_specs,
@@ -844,7 +849,7 @@ def _context(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.api import context
     from attrib_bench.reports.segments import segments_table
 
-    keys = ("split", "limit", "query", "template", "generate", "methods")
+    keys = ("split", "limit", "query", "template", "generate", "methods", "token_methods")
     given = {key: getattr(args, key) for key in keys if getattr(args, key) is not None}
     if args.segment_evaluators is not None:
         given["evaluators"] = args.segment_evaluators

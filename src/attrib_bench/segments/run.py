@@ -21,7 +21,7 @@ import numpy as np
 from attrib_bench.core.console import progress, warn
 from attrib_bench.core.errors import UsageError
 from attrib_bench.core.loaded_model import LoadedModel
-from attrib_bench.core.registry import Registry
+from attrib_bench.core.registry import Registry, Spec
 from attrib_bench.core.segment_interfaces import StepScores
 from attrib_bench.results.stats import summarize
 from attrib_bench.segments.data import (
@@ -31,6 +31,7 @@ from attrib_bench.segments.data import (
     load_segments,
 )
 from attrib_bench.segments.scorer import SegmentScorer, generate_answer
+from attrib_bench.segments.token_methods import TokenMethodSegments
 
 DEFAULT_METHODS = (
     "leave-one-segment-out",
@@ -57,6 +58,8 @@ class ContextConfig:
     #: Also each method's step x segment matrix, where it has ``attribute_steps``.
     per_step: bool = False
     methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))
+    #: Registered token attributors (``attrib-bench run``'s), aggregated to segments by sum.
+    token_methods: list[str] = field(default_factory=list)
     evaluators: list[str] = field(default_factory=lambda: list(DEFAULT_EVALUATORS))
     batch_size: int = 8
     seed: int = 0
@@ -71,8 +74,8 @@ class ContextConfig:
                 raise UsageError(f"--{flag} must be at least 1, got {value}")
         if self.batch_size < 1:
             raise UsageError(f"--batch-size must be at least 1, got {self.batch_size}")
-        if not self.methods:
-            raise UsageError("give at least one segment method")
+        if not self.methods and not self.token_methods:
+            raise UsageError("give at least one segment method or token method")
 
 
 def run_segments(
@@ -89,6 +92,11 @@ def run_segments(
             "context attribution explains a continuation's log-probability"
         )
     methods = {spec: registry.segment_attributor(spec) for spec in config.methods}
+    fields = registry.trace_field_specs()
+    for spec in config.token_methods:
+        attributor = registry.attributor(spec)
+        wrapped = TokenMethodSegments(str(Spec.parse(spec)), attributor, fields, config.seed)
+        methods[wrapped.name] = wrapped
     evaluators = {spec: registry.segment_evaluator(spec) for spec in config.evaluators}
     examples, fingerprint = load_segments(
         config.dataset, config.split, config.limit, config.split_by, config.query
