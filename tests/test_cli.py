@@ -113,7 +113,17 @@ def test_list_json_schema_and_builtin_sources(run_cli):
     code, out, err = run_cli("list", "--json")
     assert code == 0, err
     listing = json.loads(out)
-    assert set(listing) == {"attributors", "evaluators", "architectures"}
+    assert set(listing) == {
+        "attributors",
+        "evaluators",
+        "architectures",
+        "segment_attributors",
+        "segment_evaluators",
+    }
+    segment_names = {e["name"] for e in listing["segment_attributors"]}
+    assert {"leave-one-segment-out", "context-cite"} <= segment_names
+    for entry in listing["segment_attributors"] + listing["segment_evaluators"]:
+        assert {"name", "description", "reference", "parameters"} <= set(entry)
     for kind in ("attributors", "evaluators"):
         for entry in listing[kind]:
             keys = {"name", "description", "family", "parameters", "default_run"}
