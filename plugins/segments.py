@@ -57,6 +57,7 @@ class LeaveOneSegmentOut(Configurable):
     description = "drop of the answer's log-probability when the segment is removed"
     reference = "exact leave-one-out; cached as AttriBoT (Liu et al., ICLR 2025)"
     parameters = {"cache": True}
+    parameter_docs = {"cache": "reuse the key-value cache of the unchanged prefix (same numbers)"}
 
     def attribute_segments(self, scorer: SegmentScorer) -> np.ndarray:
         without_S = scorer.leave_one_out(cached=self.params["cache"]).sum(axis=1)
@@ -76,6 +77,14 @@ class ContextCite(Configurable):
     reference = "Cohen-Wang et al., NeurIPS 2024 (context-cite 0.0.4)"
     parameters = {"ablations": 64, "keep": 0.5, "alpha": 0.01, "output": "logit-prob", "seed": 0}
     choices = {"output": ("logit-prob", "log-prob")}
+    parameter_docs = {
+        "ablations": "random keep/drop masks the surrogate is fitted on; at least 2",
+        "keep": "each segment's probability of being kept in a mask; in (0, 1)",
+        "alpha": "the LASSO's L1 weight (scikit-learn's alpha); > 0",
+        "output": "logit-prob: log P - log(1 - P) of the answer (the package's default); "
+        "log-prob: log P",
+        "seed": "mask m is drawn from RandomState(seed + m)",
+    }
 
     def validate(self) -> None:
         if self.params["ablations"] < 2:

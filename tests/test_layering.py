@@ -138,8 +138,8 @@ def test_importing_the_package_imports_no_plugin_and_no_torch():
 #: The subpackages in the order data flows, each importing only those before it: the public
 #: types plugins read (the trace, the loaded model, its adapter) and the plugin machinery, the
 #: shared math, data, model loading and capture, results (with the gate's comparison), the
-#: runner (with its state and the result it builds), rendering, the conformance kit and pytest
-#: helpers, the analyses, segment attribution; then the Python API, the CLI's checks made
+#: runner (with its state and the result it builds), rendering, segment attribution, the
+#: conformance kits and pytest helpers, the analyses; then the Python API, the CLI's checks made
 #: before the heavy imports (preflight), and the CLI on top.
 LAYERS = (
     "core",
@@ -149,9 +149,9 @@ LAYERS = (
     "results",
     "runner",
     "reports",
+    "segments",
     "testing",
     "analyses",
-    "segments",
     "api",
     "preflight",
     "cli",

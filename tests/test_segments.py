@@ -318,10 +318,10 @@ def test_builtins_register_through_the_hook():
 def test_list_shows_segment_plugins_with_their_parameters():
     listing = list_plugins()
     methods = {row["name"]: row for row in listing["segment_attributors"]}
-    assert methods["context-cite"]["parameters"]["output"] == {
-        "default": "logit-prob",
-        "choices": ["logit-prob", "log-prob"],
-    }
+    output = methods["context-cite"]["parameters"]["output"]
+    assert output["default"] == "logit-prob"
+    assert output["choices"] == ["logit-prob", "log-prob"]
+    assert output["doc"].startswith("logit-prob: log P - log(1 - P)")
     assert "AttriBoT" in methods["leave-one-segment-out"]["reference"]
     assert {row["name"] for row in listing["segment_evaluators"]} >= {"lds", "topk-drop"}
 

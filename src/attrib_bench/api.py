@@ -315,23 +315,18 @@ def list_plugins(plugins: Sequence[Path | str] = ()) -> dict[str, list[dict[str,
 
 def _segment_rows(table: dict[str, Registered]) -> list[dict[str, Any]]:
     """Segment plugins: name, description, reference and parameters (with their choices)."""
-    rows = []
-    for name, reg in sorted(table.items()):
-        choices = getattr(reg.obj, "choices", {})
-        parameters = {
-            key: {"default": default, **({"choices": list(choices[key])} if key in choices else {})}
-            for key, default in getattr(reg.obj, "parameters", {}).items()
+    from attrib_bench.core.plugin_info import segment_info
+
+    return [
+        {
+            "name": name,
+            "description": reg.obj.description,
+            "reference": getattr(reg.obj, "reference", ""),
+            "parameters": _parameters(segment_info(reg.obj)),
+            "plugin": reg.source,
         }
-        rows.append(
-            {
-                "name": name,
-                "description": reg.obj.description,
-                "reference": getattr(reg.obj, "reference", ""),
-                "parameters": parameters,
-                "plugin": reg.source,
-            }
-        )
-    return rows
+        for name, reg in sorted(table.items())
+    ]
 
 
 def _parameters(info: PluginInfo) -> dict[str, dict[str, Any]]:

@@ -261,6 +261,12 @@ def _checked(obj: Any, values: dict[str, Any], problems: list[str]) -> dict[str,
     return values
 
 
+def segment_info(obj: Any) -> PluginInfo:
+    """A segment method's or evaluator's record: what every plugin may declare (parameters,
+    choices, their docs); the registry checked its protocol when it was collected."""
+    return PluginInfo(**_common(obj, []))
+
+
 def attributor_info(obj: Any) -> AttributorInfo:
     """The attributor's record; one UsageError when a declaration has the wrong type."""
     return AttributorInfo(**_checked(obj, *attributor_problems(obj)))
