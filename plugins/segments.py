@@ -109,7 +109,9 @@ class ContextCite(Configurable):
         masks_MS = random_masks(scorer.count, p["ablations"], p["keep"], p["seed"])
         log_probs_M = scorer.scores(masks_MS)
         outputs_M = log_probs_M
-        if p["output"] == "logit-prob":  # log P - log(1 - P), ContextCite's default output
+        # log P - log(1 - P), ContextCite's default output; a contrastive score is no
+        # log-probability, and is fitted as it is.
+        if p["output"] == "logit-prob" and scorer.foil_ids is None:
             outputs_M = log_probs_M - np.log1p(-np.exp(log_probs_M))
         steps = len(scorer.answer_ids)
         scaler = StandardScaler()
@@ -164,7 +166,7 @@ class TokenGradients(Configurable):
             step_sizes, points = approximation_parameters("gausslegendre")
             alphas, weights = points(self.params["steps"]), step_sizes(self.params["steps"])
             chunk = self.params["internal_batch_size"]
-        T = len(scorer.answer_ids)
+        T = scorer.step_count
         device, dtype = inputs[0].device, inputs[0].dtype
         tokens = [torch.zeros(T, x.shape[1], dtype=dtype, device=device) for x in inputs]
         with scorer.loaded.fast_attention():

@@ -71,6 +71,15 @@ class PeeksAhead(Drop):
         return StepScores(steps, np.ones((T, T - 1)))
 
 
+class AnswerStepsOnly(Drop):
+    """Per-step drops of the answer's steps alone: right without a foil, short with one."""
+
+    def attribute_steps(self, scorer):
+        T = len(scorer.answer_ids)
+        full_T = scorer.steps(np.ones((1, scorer.count), dtype=bool))[0, :T]
+        return (full_T[None] - scorer.leave_one_out()[:, :T]).T
+
+
 class Raises(Drop):
     def attribute_segments(self, scorer):
         raise ValueError("no context here")
@@ -94,15 +103,22 @@ def test_a_conforming_method_passes():
         (Unseeded(), "a second call on a fresh scorer gives other scores"),
         (ReadsState(), "read only the scorer's scores, never its state"),
         (StepsOff(), "attribute_steps does not sum over its rows to attribute_segments"),
-        (PeeksAhead(), "the prefix gives a step a score for the answer's token at or after it"),
+        (PeeksAhead(), "the prefix gives a step a score for a token it does not read"),
         (Raises(), "attribute_segments(scorer) raised ValueError: no context here (at "),
     ],
 )
 def test_each_defect_is_named(method, message):
     problems = _problems(method)
     assert message in problems
-    assert "example 'kit-cat'" in problems  # kit-drink's one-token answer has no prefix
+    assert "example 'kit-cat'" in problems
     assert all(family in problems for family in ("llama", "gpt2", "t5", "bart", "marian"))
+
+
+def test_steps_that_ignore_a_foil_are_named_on_the_contrastive_example():
+    problems = _problems(AnswerStepsOnly(), check_segment_attributor)
+    assert "example 'kit-drink': attribute_steps(scorer) (T = scorer.step_count rows)" in problems
+    assert "returned shape (1, 2), not (4, 2)" in problems
+    assert "example 'kit-cat'" not in problems
 
 
 def test_interface_problems_come_first_and_together():

@@ -501,3 +501,12 @@ def test_smollm2_cached_leave_one_out(smollm2_session):
     naive = SegmentScorer(loaded, example).leave_one_out(cached=False)
     cached = SegmentScorer(loaded, example).leave_one_out(cached=True)
     np.testing.assert_allclose(cached, naive, rtol=0, atol=2e-4)
+
+
+def test_summary_cells_read_nan_as_written_to_json():
+    """``write_json`` writes NaN as null: one example's CI (and an all-NaN mean) must render."""
+    from attrib_bench.reports.segments import _cell
+
+    assert _cell({"mean": 0.5, "ci95": [None, None]}) == "0.500"
+    assert _cell({"mean": None, "ci95": [None, None]}) == "-"
+    assert _cell({"mean": 0.5, "ci95": [0.25, 0.75]}) == "0.500 [0.250, 0.750]"

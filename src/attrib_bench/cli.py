@@ -421,6 +421,11 @@ def build_parser() -> argparse.ArgumentParser:
     context.add_argument("--template", help="prompt with {context} and {query} (ContextCite's)")
     context.add_argument("--generate", type=int, help="explain the model's own N-token answer")
     context.add_argument(
+        "--target",
+        dest="context_target",
+        help="score=gold (the answer, default) or score=contrastive,foil=example (minus the foil)",
+    )
+    context.add_argument(
         "--per-step",
         action="store_true",
         help="also a step x segment matrix per method that has one (each answer token's score)",
@@ -853,6 +858,8 @@ def _context(args: argparse.Namespace, out: Console) -> int:
     given = {key: getattr(args, key) for key in keys if getattr(args, key) is not None}
     if args.segment_evaluators is not None:
         given["evaluators"] = args.segment_evaluators
+    if args.context_target is not None:
+        given["target"] = args.context_target
     report = context(
         args.dataset,
         output=args.output,

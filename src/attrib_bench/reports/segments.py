@@ -10,12 +10,24 @@ import numpy as np
 from rich.table import Table
 
 
+def _missing(value: float | None) -> bool:
+    """NaN in memory, null once written as JSON (``write_json``)."""
+    return value is None or math.isnan(value)
+
+
 def _cell(summary: Mapping[str, Any] | None) -> str:
-    if summary is None or math.isnan(summary["mean"]):
+    if summary is None or _missing(summary["mean"]):
         return "-"
     low, high = summary["ci95"]
-    interval = "" if math.isnan(low) else f" [{low:.3f}, {high:.3f}]"
+    interval = "" if _missing(low) else f" [{low:.3f}, {high:.3f}]"
     return f"{summary['mean']:.3f}{interval}"
+
+
+def _explained(report: Mapping[str, Any]) -> str:
+    """What the report's scores explain, from its target (reports before targets: the answer)."""
+    if "contrastive" in report["config"].get("target", ""):
+        return "the answer's log-probability minus the foil's"
+    return "the answer's log-probability"
 
 
 def segments_table(report: Mapping[str, Any]) -> Table:
@@ -24,7 +36,7 @@ def segments_table(report: Mapping[str, Any]) -> Table:
     segments = sum(len(e["segments"]) for e in examples) / len(examples)
     result = Table(
         title=f"segment attribution — {len(examples)} examples, {segments:.1f} segments each "
-        f"on average; the answer's log-probability",
+        f"on average; {_explained(report)}",
         title_justify="left",
     )
     header, rows = _summary_lines(report)
@@ -71,7 +83,7 @@ def segments_markdown(report: Mapping[str, Any], examples: int = 6) -> str:
     lines = [
         f"# attrib-bench context: {model}",
         "",
-        f"{len(report['examples'])} examples; the answer's log-probability, attributed to the "
+        f"{len(report['examples'])} examples; {_explained(report)}, attributed to the "
         "segments of its context. Means with bootstrap 95% CIs.",
         "",
         "| " + " | ".join(header) + " |",
@@ -80,7 +92,8 @@ def segments_markdown(report: Mapping[str, Any], examples: int = 6) -> str:
     ]
     for example in report["examples"][:examples]:
         evidence = example.get("evidence") or []
-        lines += ["", f"## {example['id']}: answer {example['answer']!r}", ""]
+        foil = "" if example.get("foil") is None else f" against the foil {example['foil']!r}"
+        lines += ["", f"## {example['id']}: answer {example['answer']!r}{foil}", ""]
         for spec, scores in example["scores"].items():
             picked = [
                 f"{i}{'*' if i < len(evidence) and evidence[i] else ''} ({scores[i]:+.3g})"
@@ -123,18 +136,24 @@ def _example_html(example: Mapping[str, Any]) -> str:
         mark = " ★" if evidence[i] else ""
         shown = text if len(text) <= 140 else text[:137] + "..."
         body.append(f"<tr><td>{i}{mark}</td><td>{_escape(shown)}</td>{cells}</tr>")
+    foil = example.get("foil")
+    against = "" if foil is None else f" against the foil <code>{_escape(foil)}</code>"
     parts = [
-        f"<h3>{_escape(example['id'])}: answer <code>{_escape(example['answer'])}</code></h3>",
+        f"<h3>{_escape(example['id'])}: answer <code>{_escape(example['answer'])}</code>"
+        f"{against}</h3>",
         f"<table class='heat'><tr><th>#</th><th>segment</th>{head}</tr>{''.join(body)}</table>",
     ]
-    tokens = example.get("answer_tokens") or []
+    # A contrastive example's steps are the answer's, then the foil's (negated: marked "-").
+    answer, foils = example.get("answer_tokens") or [], example.get("foil_tokens") or []
+    tokens = answer + [f"-{token}" for token in foils]
+    earlier = answer[:-1] + foils[:-1]
     matrices = [
         (method, matrix, "segment", [str(i) for i in range(len(example["segments"]))])
         for method, matrix in (example.get("steps") or {}).items()
     ] + [
-        (method, matrix, "earlier answer token", tokens[:-1])
+        (method, matrix, "earlier answer token", earlier)
         for method, matrix in (example.get("prefix_steps") or {}).items()
-        if len(tokens) > 1
+        if earlier
     ]
     for method, matrix, what, names in matrices:
         columns = "".join(f"<th>{_escape(name)}</th>" for name in names)
@@ -177,7 +196,7 @@ def render_segments_html(report: Mapping[str, Any], examples: int = 6) -> str:
     sections = ["<h2>Summary</h2>" + table, "<h2>Examples</h2>"]
     sections += [_example_html(e) for e in report["examples"][:examples]]
     subtitle = (
-        f'<p class="muted">{len(report["examples"])} examples; the answer\'s log-probability '
+        f'<p class="muted">{len(report["examples"])} examples; {_escape(_explained(report))} '
         "attributed to the segments of its context; means with bootstrap 95% CIs</p>"
     )
     return page(f"attrib-bench context: {report['model']['id']}", subtitle, sections)

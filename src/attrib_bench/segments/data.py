@@ -5,12 +5,13 @@ demonstration). The formats (docs/segments.md):
 
 - a JSONL file of records with ``segments`` (a list of strings) or ``context`` (one string,
   split by ``--split-by sentences|lines``), a ``query``, optionally an ``answer`` (the
-  continuation whose log-probability is explained; without one, ``--generate N`` produces it)
-  and ``evidence`` (indices of the segments humans marked as the evidence), and an ``id``;
+  continuation whose log-probability is explained; without one, ``--generate N`` produces it),
+  a ``foil`` (a contrasting continuation, for ``--target score=contrastive,foil=example``) and
+  ``evidence`` (indices of the segments humans marked as the evidence), and an ``id``;
 - an ERASER folder (movie reviews): a review's lines are its sentences, the answer is the gold
-  label's word, and a sentence is evidence when it overlaps a human evidence span. A line
-  holding punctuation alone (the tokenised reviews break some sentences before their final
-  ``.``) joins the line before it.
+  label's word, the foil the other label's, and a sentence is evidence when it overlaps a
+  human evidence span. A line holding punctuation alone (the tokenised reviews break some
+  sentences before their final ``.``) joins the line before it.
 
 Segments are joined by ``separator`` (one space by default), as ContextCite joins sentences.
 """
@@ -52,8 +53,10 @@ def check_template(template: str) -> None:
 class SegmentExample:
     """One context to attribute: its segments, the query after them, the answer explained.
 
-    ``answer`` None means the model's own continuation is generated first; ``evidence`` marks
-    the human evidence segments (1/0 per segment), None where there is none.
+    ``answer`` None means the model's own continuation is generated first; ``foil`` is a
+    contrasting continuation (a contrastive run explains the answer's log-probability minus
+    the foil's); ``evidence`` marks the human evidence segments (1/0 per segment), None where
+    there is none.
     """
 
     id: str
@@ -62,6 +65,7 @@ class SegmentExample:
     answer: str | None = None
     evidence: tuple[int, ...] | None = None
     separator: str = " "
+    foil: str | None = None
 
     def context(self, keep: tuple[bool, ...] | None = None) -> str:
         """The context with the segments ``keep`` marks (all when None), joined by the
@@ -120,7 +124,7 @@ def load_jsonl(path: Path, split_by: str, limit: int | None) -> list[SegmentExam
             if "query" not in record:
                 raise UsageError(f"{where}: a record needs a 'query'")
             segments = _segments(record, where, split_by)
-            answer = record.get("answer")
+            answer, foil = record.get("answer"), record.get("foil")
             examples.append(
                 SegmentExample(
                     id=str(record.get("id", number)),
@@ -128,6 +132,7 @@ def load_jsonl(path: Path, split_by: str, limit: int | None) -> list[SegmentExam
                     query=str(record["query"]),
                     answer=None if answer is None else str(answer),
                     evidence=_evidence(record, len(segments), where),
+                    foil=None if foil is None else str(foil),
                 )
             )
     return examples
@@ -178,8 +183,11 @@ def load_eraser(path: Path, split: str, limit: int | None, query: str) -> list[S
             label = record["classification"]
             if label not in ERASER_ANSWERS:
                 raise UsageError(f"{annotations_file.name}: {docid} has the label {label!r}")
+            (foil,) = (word for key, word in ERASER_ANSWERS.items() if key != label)
             examples.append(
-                SegmentExample(docid, tuple(sentences), query, ERASER_ANSWERS[label], evidence)
+                SegmentExample(
+                    docid, tuple(sentences), query, ERASER_ANSWERS[label], evidence, foil=foil
+                )
             )
     return examples
 
@@ -205,5 +213,8 @@ def load_segments(
         )
     if not examples:
         raise UsageError(f"context dataset {str(path)!r} has no example")
-    records = [asdict(e) for e in examples]
+    # A record without a foil is fingerprinted as before foils existed.
+    records = [
+        {k: v for k, v in asdict(e).items() if k != "foil" or v is not None} for e in examples
+    ]
     return examples, hashlib.sha256(json.dumps(records).encode()).hexdigest()

@@ -23,6 +23,7 @@ from attrib_bench.core.errors import UsageError
 from attrib_bench.core.loaded_model import LoadedModel
 from attrib_bench.core.registry import Registry, Spec
 from attrib_bench.core.segment_interfaces import StepScores
+from attrib_bench.core.target import Target
 from attrib_bench.results.stats import summarize
 from attrib_bench.segments.data import (
     DEFAULT_TEMPLATE,
@@ -41,6 +42,32 @@ DEFAULT_METHODS = (
     "random",
 )
 DEFAULT_EVALUATORS = ("topk-drop", "lds", "evidence-auprc")
+#: The targets a context run explains, in ``--target`` syntax.
+CONTEXT_TARGETS = ("score=gold", "score=contrastive,foil=example")
+
+
+def is_contrastive(target: str) -> bool:
+    """Whether a context ``--target`` explains the answer against each example's foil.
+
+    The answer is the explained continuation (given, or generated), so of the run's target
+    grammar (docs/segments.md) two targets apply: ``score=gold``, the answer's log-probability,
+    and ``score=contrastive,foil=example``, the answer's minus the foil's. Any other is a
+    one-line UsageError.
+    """
+    parsed = Target.parse(target)
+    given = {item.partition("=")[0].strip() for item in target.split(",")}
+    fits = (
+        "position" not in given
+        and "class" not in given
+        and parsed.score in ("gold", "contrastive")
+        and (parsed.score == "gold" or parsed.foil == "example")
+    )
+    if not fits:
+        raise UsageError(
+            f"context target {target!r}: a context run explains its answer, so write "
+            + " or ".join(CONTEXT_TARGETS)
+        )
+    return parsed.score == "contrastive"
 
 
 @dataclass
@@ -55,6 +82,8 @@ class ContextConfig:
     query: str | None = None
     template: str = DEFAULT_TEMPLATE
     generate: int | None = None
+    #: ``score=gold`` (the answer) or ``score=contrastive,foil=example`` (minus the foil).
+    target: str = CONTEXT_TARGETS[0]
     #: Also each method's step x segment matrix, where it has ``attribute_steps``.
     per_step: bool = False
     methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))
@@ -74,6 +103,7 @@ class ContextConfig:
                 raise UsageError(f"--{flag} must be at least 1, got {value}")
         if self.batch_size < 1:
             raise UsageError(f"--batch-size must be at least 1, got {self.batch_size}")
+        is_contrastive(self.target)
         if not self.methods and not self.token_methods:
             raise UsageError("give at least one segment method or token method")
 
@@ -104,6 +134,11 @@ def run_segments(
     if config.generate is None and any(e.answer is None for e in examples):
         missing = next(e.id for e in examples if e.answer is None)
         raise UsageError(f"example {missing!r} has no answer; give one or --generate N")
+    if not is_contrastive(config.target):
+        examples = [replace(e, foil=None) for e in examples]
+    elif any(e.foil is None for e in examples):
+        missing = next(e.id for e in examples if e.foil is None)
+        raise UsageError(f"example {missing!r} has no foil, which target {config.target} needs")
     if config.generate is not None:
         examples = [
             replace(e, answer=generate_answer(loaded, e, config.template, config.generate))
@@ -131,9 +166,13 @@ def run_segments(
                 "scores": {},
                 "values": {},
             }
+            if scorer.foil_ids is not None:
+                record["foil"] = scorer.example.foil
             if config.per_step:
                 tokens = loaded.tokenizer.convert_ids_to_tokens(scorer.answer_ids)
                 record.update(answer_tokens=tokens, steps={}, prefix_steps={})
+                if scorer.foil_ids is not None:
+                    record["foil_tokens"] = loaded.tokenizer.convert_ids_to_tokens(scorer.foil_ids)
             for spec, method in methods.items():
                 if spec in failed:
                     continue
@@ -183,16 +222,20 @@ def run_segments(
 
 
 def _step_scores(value: Any, scorer: SegmentScorer) -> tuple[np.ndarray, np.ndarray | None]:
-    """``attribute_steps``'s matrix (T, S) and prefix (T, T - 1) or None, shapes checked."""
+    """``attribute_steps``'s matrix (T, S) and prefix (T, P) or None, shapes checked (T: the
+    score's terms, P: the continuation tokens that are inputs of later steps; the answer's
+    alone, T and T - 1, unless the example is contrastive)."""
     steps, prefix = value if isinstance(value, StepScores) else (value, None)
-    T = len(scorer.answer_ids)
+    T = scorer.step_count
     steps = np.asarray(steps, dtype=float)
     if steps.shape != (T, scorer.count):
         raise ValueError(f"returned shape {steps.shape}, not {(T, scorer.count)}")
     if prefix is not None:
         prefix = np.asarray(prefix, dtype=float)
-        if prefix.shape != (T, T - 1):
-            raise ValueError(f"returned a prefix of shape {prefix.shape}, not {(T, T - 1)}")
+        if prefix.shape != (T, scorer.prefix_count):
+            raise ValueError(
+                f"returned a prefix of shape {prefix.shape}, not {(T, scorer.prefix_count)}"
+            )
     return steps, prefix
 
 

@@ -15,6 +15,10 @@ An encoder-decoder model (``LoadedModel.is_seq2seq``: T5, BART, Marian) takes th
 encoder's input and the answer as its decoder's (shifted right after the start token), so the
 answer's tokenisation does not depend on the prompt; its encoder is bidirectional, so no prefix
 is shared and leave-one-out runs each ablated prompt whole.
+
+A **contrastive** example (``SegmentExample.foil``: a foil continuation) explains the answer's
+log-probability minus the foil's, each after the same prompt; its steps are the answer's terms
+then the foil's, negated, so that they still sum to the score.
 """
 
 from __future__ import annotations
@@ -87,27 +91,15 @@ class SegmentScorer:
         prompt = self.prompt()
         encoded = tokenizer(prompt, return_offsets_mapping=True)
         self.prompt_ids: list[int] = list(encoded["input_ids"])
-        self.answer_ids: list[int] = tokenizer(example.answer, add_special_tokens=False)[
-            "input_ids"
-        ]
-        if not self.answer_ids:
-            raise UsageError(f"{where}: the answer {example.answer!r} has no token")
-        if loaded.is_seq2seq:  # the prompt is the encoder's, the answer the decoder's
-            total, what = max(len(self.prompt_ids), len(self.answer_ids) + 1), "prompt or answer"
-        else:
-            joint = tokenizer(prompt + example.answer)["input_ids"]
-            if list(joint) != self.prompt_ids + self.answer_ids:
+        self.answer_ids = self._continuation_ids("answer", example.answer, prompt, where)
+        self.foil_ids: list[int] | None = None
+        if example.foil is not None:
+            if example.foil == example.answer:
                 raise UsageError(
-                    f"{where}: the answer {example.answer!r} tokenises differently after the "
-                    "prompt than alone (a token merges across the boundary); start the answer "
-                    "with a space or end the query where a token ends"
+                    f"{where}: the foil equals the answer ({example.answer!r}), whose "
+                    "contrastive score would be 0; choose another foil"
                 )
-            total, what = len(joint), "prompt plus answer"
-        limit = loaded.max_length
-        if total > limit:
-            raise UsageError(
-                f"{where}: {what} is {total} tokens, longer than the model's limit of {limit}"
-            )
+            self.foil_ids = self._continuation_ids("foil", example.foil, prompt, where)
         self.token_segments = self._token_segments(prompt, encoded["offset_mapping"])
         count = len(example.segments)
         if count > len(self.prompt_ids):
@@ -122,9 +114,52 @@ class SegmentScorer:
                 "token of its own (it merges into a neighbour's tokens)"
             )
 
+    def _continuation_ids(self, what: str, text: str, prompt: str, where: str) -> list[int]:
+        """The token ids of a continuation (the answer or the foil) after ``prompt``, checked:
+        at least one token, the same ids after the prompt as alone, within the length limit."""
+        tokenizer = self.loaded.tokenizer
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if not ids:
+            raise UsageError(f"{where}: the {what} {text!r} has no token")
+        if self.loaded.is_seq2seq:  # the prompt is the encoder's, the continuation the decoder's
+            total, joined = max(len(self.prompt_ids), len(ids) + 1), f"prompt or {what}"
+        else:
+            joint = tokenizer(prompt + text)["input_ids"]
+            if list(joint) != self.prompt_ids + ids:
+                raise UsageError(
+                    f"{where}: the {what} {text!r} tokenises differently after the prompt than "
+                    "alone (a token merges across the boundary); start it with a space or end "
+                    "the query where a token ends"
+                )
+            total, joined = len(joint), f"prompt plus {what}"
+        limit = self.loaded.max_length
+        if total > limit:
+            raise UsageError(
+                f"{where}: {joined} is {total} tokens, longer than the model's limit of {limit}"
+            )
+        return ids
+
     @property
     def count(self) -> int:
         return len(self.example.segments)
+
+    @property
+    def continuations(self) -> list[tuple[list[int], float]]:
+        """The explained continuations and their signs: the answer (+1), then the foil (-1)
+        of a contrastive example."""
+        both = [(self.answer_ids, 1.0)]
+        return both if self.foil_ids is None else [*both, (self.foil_ids, -1.0)]
+
+    @property
+    def step_count(self) -> int:
+        """The terms of the score, T: the answer's tokens (and the foil's, when contrastive)."""
+        return sum(len(ids) for ids, _ in self.continuations)
+
+    @property
+    def prefix_count(self) -> int:
+        """The continuation tokens that are inputs of later steps: each continuation's but
+        its last (the columns of a step x prefix matrix)."""
+        return sum(len(ids) - 1 for ids, _ in self.continuations)
 
     def prompt(self, keep: Sequence[bool] | None = None) -> str:
         context = self.example.context(None if keep is None else tuple(keep))
@@ -150,46 +185,59 @@ class SegmentScorer:
     def ids(self, keep: Sequence[bool] | None = None) -> list[int]:
         """The token ids of the prompt with the kept segments, then the answer's (an
         encoder-decoder model: the prompt's alone, the encoder's input)."""
-        prompt = (
-            self.prompt_ids
-            if keep is None
-            else list(self.loaded.tokenizer(self.prompt(keep))["input_ids"])
-        )
+        prompt = self._prompt_ids(keep)
         return prompt if self.loaded.is_seq2seq else prompt + self.answer_ids
 
-    def _decoder_inputs(self, rows: int) -> torch.Tensor:
-        """An encoder-decoder model's decoder input: the answer shifted right after the start
-        token, the same for every row, (rows, T)."""
-        labels = torch.tensor([self.answer_ids], device=self.loaded.device)
+    def _prompt_ids(self, keep: Sequence[bool] | None = None) -> list[int]:
+        if keep is None:
+            return self.prompt_ids
+        return list(self.loaded.tokenizer(self.prompt(keep))["input_ids"])
+
+    def _decoder_inputs(self, rows: int, continuation: list[int] | None = None) -> torch.Tensor:
+        """An encoder-decoder model's decoder input: a continuation (the answer by default)
+        shifted right after the start token, the same for every row, (rows, T)."""
+        ids = self.answer_ids if continuation is None else continuation
+        labels = torch.tensor([ids], device=self.loaded.device)
         return self.loaded.model.prepare_decoder_input_ids_from_labels(labels=labels).expand(
             rows, -1
         )
 
-    def _seq2seq_log_probs(self, logits_XTV: torch.Tensor) -> torch.Tensor:
-        """Per row, the answer's log-probability at each step from the decoder's logits."""
-        answer = torch.as_tensor(self.answer_ids, device=logits_XTV.device)
+    def _seq2seq_log_probs(self, logits_XTV: torch.Tensor, continuation: list[int]) -> torch.Tensor:
+        """Per row, a continuation's log-probability at each step from the decoder's logits."""
+        ids = torch.as_tensor(continuation, device=logits_XTV.device)
         logits = logits_XTV if logits_XTV.dtype == torch.float64 else logits_XTV.float()
         log_probs = torch.log_softmax(logits, -1)
-        return log_probs.gather(-1, answer.expand(len(logits), -1)[..., None])[..., 0]
+        return log_probs.gather(-1, ids.expand(len(logits), -1)[..., None])[..., 0]
 
-    def _answer_log_probs(self, hidden_XND: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
-        """Per row, the answer's log-probability at each step, (X, T), from the last hidden
-        states of sequences whose answer ends at column ``rows[x]`` (exclusive)."""
-        T = len(self.answer_ids)
+    def _log_probs(
+        self, hidden_XND: torch.Tensor, rows: Sequence[int], continuation: list[int]
+    ) -> torch.Tensor:
+        """Per row, a continuation's log-probability at each step, (X, T), from the last hidden
+        states of sequences whose continuation ends at column ``rows[x]`` (exclusive)."""
+        T = len(continuation)
         steps = torch.arange(T, device=hidden_XND.device)
         ends = torch.as_tensor(list(rows), device=hidden_XND.device)
-        columns_XT = ends[:, None] - T - 1 + steps  # the positions that predict each a_t
+        columns_XT = ends[:, None] - T - 1 + steps  # the positions that predict each token
         picked = hidden_XND[torch.arange(len(rows))[:, None], columns_XT]
         logits = self.loaded.model.get_output_embeddings()(picked)
-        answer = torch.as_tensor(self.answer_ids, device=logits.device)
+        ids = torch.as_tensor(continuation, device=logits.device)
         log_probs = torch.log_softmax(
             logits if logits.dtype == torch.float64 else logits.float(), -1
         )
-        return log_probs.gather(-1, answer.expand(len(rows), T)[..., None])[..., 0]
+        return log_probs.gather(-1, ids.expand(len(rows), T)[..., None])[..., 0]
 
-    def _run(self, sequences: list[list[int]]) -> np.ndarray:
-        """Per-step answer log-probabilities of whole sequences, (X, T), right-padded batches."""
+    def _run(self, prompts: list[list[int]]) -> np.ndarray:
+        """Per-step log-probabilities, (X, T), after whole prompts: each continuation's, signed
+        and side by side; right-padded batches."""
+        return np.concatenate(
+            [sign * self._run_one(prompts, ids) for ids, sign in self.continuations], axis=1
+        )
+
+    def _run_one(self, prompts: list[list[int]], continuation: list[int]) -> np.ndarray:
+        """A continuation's per-step log-probabilities after each prompt, (X, T)."""
         model = self.loaded.model
+        seq2seq = self.loaded.is_seq2seq
+        sequences = prompts if seq2seq else [p + continuation for p in prompts]
         out = []
         for first in range(0, len(sequences), self.batch_size):
             chunk = sequences[first : first + self.batch_size]
@@ -198,15 +246,15 @@ class SegmentScorer:
             ids = torch.tensor([s + [pad] * (width - len(s)) for s in chunk])
             mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in chunk])
             self.forward_tokens += sum(map(len, chunk))
-            if self.loaded.is_seq2seq:
+            if seq2seq:
                 with torch.no_grad(), self.loaded.fast_attention():
                     logits = model(
                         input_ids=ids.to(self.loaded.device),
                         attention_mask=mask.to(self.loaded.device),
-                        decoder_input_ids=self._decoder_inputs(len(chunk)),
+                        decoder_input_ids=self._decoder_inputs(len(chunk), continuation),
                         use_cache=False,
                     ).logits
-                out.append(self._seq2seq_log_probs(logits).cpu())
+                out.append(self._seq2seq_log_probs(logits, continuation).cpu())
                 continue
             with torch.no_grad(), self.loaded.fast_attention():
                 hidden = model.base_model(
@@ -214,23 +262,26 @@ class SegmentScorer:
                     attention_mask=mask.to(self.loaded.device),
                     use_cache=False,
                 ).last_hidden_state
-                out.append(self._answer_log_probs(hidden, [len(s) for s in chunk]).cpu())
+                ends = [len(s) for s in chunk]
+                out.append(self._log_probs(hidden, ends, continuation).cpu())
         return torch.cat(out).double().numpy()
 
     def steps(self, masks_MS: np.ndarray) -> np.ndarray:
-        """The answer's per-step log-probabilities with each mask's segments kept, (M, T);
-        masks already scored come from ``memo``, the others run together."""
+        """The score's per-step terms with each mask's segments kept, (M, T): the answer's
+        log-probabilities (then the foil's, negated); masks already scored come from ``memo``,
+        the others run together."""
         masks_MS = np.asarray(masks_MS, dtype=bool).reshape(-1, self.count)
         keys = [m.tobytes() for m in masks_MS]
         missing = list(dict.fromkeys(k for k in keys if k not in self.memo))
         if missing:
             masks = [np.frombuffer(k, dtype=bool) for k in missing]
-            values = self._run([self.ids(m.tolist()) for m in masks])
+            values = self._run([self._prompt_ids(m.tolist()) for m in masks])
             self.memo.update(zip(missing, values, strict=True))
         return np.stack([self.memo[k] for k in keys])
 
     def scores(self, masks_MS: np.ndarray) -> np.ndarray:
-        """The answer's log-probability with each mask's segments kept, (M,)."""
+        """The score with each mask's segments kept, (M,): the answer's log-probability (minus
+        the foil's)."""
         return self.steps(masks_MS).sum(axis=1)
 
     @property
@@ -238,17 +289,39 @@ class SegmentScorer:
         return float(self.scores(np.ones((1, self.count), dtype=bool))[0])
 
     def leave_one_out(self, cached: bool = True) -> np.ndarray:
-        """Per segment, the answer's per-step log-probabilities without it, (S, T).
+        """Per segment, the score's per-step terms without it, (S, T).
 
-        ``cached``: the full prompt runs once with a key-value cache; for each segment, from
-        the last to the first, the cache is cut back to the tokens the ablated prompt shares
-        with the full one and only the rest runs. Otherwise each ablated prompt runs whole.
-        Either way the results enter ``memo``.
+        ``cached``: per continuation, the full prompt and it run once with a key-value cache;
+        for each segment, from the last to the first, the cache is cut back to the tokens the
+        ablated sequence shares with the full one and only the rest runs. Otherwise each
+        ablated prompt runs whole. Either way the results enter ``memo``.
         """
         masks = ~np.eye(self.count, dtype=bool)
         if not cached or self.loaded.is_seq2seq:  # a bidirectional encoder shares no prefix
             return self.steps(masks)
-        full = self.ids()
+        prompts = [self._prompt_ids(mask.tolist()) for mask in masks]
+        full_T, without_ST = (
+            np.concatenate(parts, axis=-1)
+            for parts in zip(
+                *(
+                    (sign * full, sign * without)
+                    for ids, sign in self.continuations
+                    for full, without in [self._cached_leave_one_out(prompts, ids)]
+                ),
+                strict=True,
+            )
+        )
+        self.memo.setdefault(np.ones(self.count, dtype=bool).tobytes(), full_T)
+        for s in range(self.count):
+            self.memo.setdefault(masks[s].tobytes(), without_ST[s])
+        return without_ST
+
+    def _cached_leave_one_out(
+        self, prompts: list[list[int]], continuation: list[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """A continuation's per-step log-probabilities after the full prompt, (T,), and after
+        each prompt of ``prompts`` (the full one less segment s), (S, T), through the cache."""
+        full = self.prompt_ids + continuation
         model = self.loaded.model.base_model
         device = self.loaded.device
         results: dict[int, np.ndarray] = {}
@@ -257,18 +330,12 @@ class SegmentScorer:
             self.forward_tokens += len(full)
             cache = out.cache if hasattr(out, "cache") else out.past_key_values
             keyword = _cache_keyword(model)
-            valid = len(full)  # leading cache positions holding the full prompt's tokens
-            self.memo.setdefault(
-                np.ones(self.count, dtype=bool).tobytes(),
-                self._answer_log_probs(out.last_hidden_state, [len(full)])[0]
-                .cpu()
-                .double()
-                .numpy(),
-            )
+            valid = len(full)  # leading cache positions holding the full sequence's tokens
+            full_T = self._log_probs(out.last_hidden_state, [len(full)], continuation)[0]
             for s in reversed(range(self.count)):
-                ids = self.ids(masks[s].tolist())
+                ids = prompts[s] + continuation
                 shared = _common_prefix(full, ids)
-                keep = min(shared, valid, len(ids) - len(self.answer_ids) - 1)
+                keep = min(shared, valid, len(ids) - len(continuation) - 1)
                 current = cache.get_seq_length()
                 if current > keep:
                     cache.crop(keep - current)  # a negative count: transformers 4 and 5 agree
@@ -281,62 +348,89 @@ class SegmentScorer:
                     use_cache=True,
                     **{keyword: cache},
                 )
-                values = self._answer_log_probs(out.last_hidden_state, [len(ids) - keep])
+                values = self._log_probs(out.last_hidden_state, [len(ids) - keep], continuation)
                 results[s] = values[0].cpu().double().numpy()
                 valid = shared
-        for s, values in results.items():
-            self.memo.setdefault(masks[s].tobytes(), values)
-        return np.stack([results[s] for s in range(self.count)])
+        without = np.stack([results[s] for s in range(self.count)])
+        return full_T.cpu().double().numpy(), without
 
     def embedded(self) -> tuple[torch.Tensor, ...]:
         """The inputs gradient methods attribute to, each (1, n, D), as the model embeds them
         itself: a causal model's one sequence (the prompt, then the answer); an encoder-decoder
         model's encoder input (the prompt) and decoder input (the start token, then the
-        answer's tokens but the last), each as its stack takes it (``_stack_embedding``)."""
+        answer's tokens but the last), each as its stack takes it (``_stack_embedding``). A
+        contrastive example adds the foil's input: a causal model's foil tokens (they follow
+        the same prompt embeddings), an encoder-decoder model's second decoder input."""
         device = self.loaded.device
-        if not self.loaded.is_seq2seq:
-            ids = torch.tensor([self.ids()], device=device)
-            return (self.loaded.model.get_input_embeddings()(ids).detach(),)
         model = self.loaded.model
+        if not self.loaded.is_seq2seq:
+            embed = model.get_input_embeddings()
+            sequences = [self.ids()] + ([self.foil_ids] if self.foil_ids is not None else [])
+            return tuple(embed(torch.tensor([ids], device=device)).detach() for ids in sequences)
         prompt = torch.tensor([self.prompt_ids], device=device)
         source = _stack_embedding(model.get_encoder(), prompt)
-        target = _stack_embedding(
-            model.get_decoder(),
-            self._decoder_inputs(1),
-            lambda: model.get_encoder()(input_ids=prompt).last_hidden_state,
-        )
-        return source.detach(), target.detach()
+        targets = [
+            _stack_embedding(
+                model.get_decoder(),
+                self._decoder_inputs(1, ids),
+                lambda: model.get_encoder()(input_ids=prompt).last_hidden_state,
+            ).detach()
+            for ids, _ in self.continuations
+        ]
+        return (source.detach(), *targets)
 
     def steps_from_embeddings(self, *embeddings: torch.Tensor) -> torch.Tensor:
-        """The answer's per-step log-probabilities, (X, T), from ``embedded()``'s inputs (perhaps
-        scaled or perturbed, X rows each). An encoder-decoder model given only the source's
-        embeddings reads the decoder's input from the answer's ids."""
+        """The score's per-step terms, (X, T), from ``embedded()``'s inputs (perhaps scaled or
+        perturbed, X rows each): the answer's log-probabilities (then the foil's, negated).
+        Inputs left out (only the first given) come from the continuations' ids."""
         first = embeddings[0]
         X, N, _ = first.shape
+        model = self.loaded.model
+        terms = []
         if self.loaded.is_seq2seq:
-            target = (
-                {"decoder_inputs_embeds": embeddings[1]}
-                if len(embeddings) > 1
-                else {"decoder_input_ids": self._decoder_inputs(X)}
-            )
-            logits = self.loaded.model(inputs_embeds=first, use_cache=False, **target).logits
-            return self._seq2seq_log_probs(logits)
-        hidden = self.loaded.model.base_model(inputs_embeds=first, use_cache=False)
-        return self._answer_log_probs(hidden.last_hidden_state, [N] * X)
+            memory = model.get_encoder()(inputs_embeds=first)
+            for c, (ids, sign) in enumerate(self.continuations, start=1):
+                target = (
+                    {"decoder_inputs_embeds": embeddings[c]}
+                    if len(embeddings) > c
+                    else {"decoder_input_ids": self._decoder_inputs(X, ids)}
+                )
+                logits = model(encoder_outputs=memory, use_cache=False, **target).logits
+                terms.append(sign * self._seq2seq_log_probs(logits, ids))
+            return torch.cat(terms, dim=1)
+        hidden = model.base_model(inputs_embeds=first, use_cache=False).last_hidden_state
+        terms.append(self._log_probs(hidden, [N] * X, self.answer_ids))
+        if self.foil_ids is not None:
+            if len(embeddings) > 1:
+                foil = embeddings[1]
+            else:
+                ids = torch.tensor([self.foil_ids], device=first.device)
+                foil = model.get_input_embeddings()(ids).expand(X, -1, -1)
+            sequence = torch.cat([first[:, : len(self.prompt_ids)], foil], dim=1)
+            hidden = model.base_model(inputs_embeds=sequence, use_cache=False).last_hidden_state
+            terms.append(-self._log_probs(hidden, [sequence.shape[1]] * X, self.foil_ids))
+        return torch.cat(terms, dim=1)
 
     def score_from_embeddings(self, *embeddings: torch.Tensor) -> torch.Tensor:
-        """The answer's log-probability, (X,): what gradient methods differentiate."""
+        """The score, (X,): what gradient methods differentiate."""
         return self.steps_from_embeddings(*embeddings).sum(dim=1)
 
     def answer_columns(self, tokens: Sequence[np.ndarray]) -> np.ndarray:
         """From token scores over ``embedded()``'s inputs, (Y, n) each, those of the answer's
-        tokens but the last as inputs, (Y, T - 1): the answer prefix, kept apart from the
-        segments."""
+        tokens but the last as inputs, then the foil's, (Y, prefix_count): the continuation
+        prefix, kept apart from the segments."""
         T = len(self.answer_ids)
-        if self.loaded.is_seq2seq:  # the decoder's input: the start token, then a_0..a_{T-2}
-            return np.asarray(tokens[1])[:, 1:T]
-        start = len(self.prompt_ids)
-        return np.asarray(tokens[0])[:, start : start + T - 1]
+        if self.loaded.is_seq2seq:  # each decoder input: the start token, then c_0..c_{T-2}
+            parts = [
+                np.asarray(tokens[c])[:, 1 : len(ids)]
+                for c, (ids, _) in enumerate(self.continuations, start=1)
+            ]
+        else:
+            start = len(self.prompt_ids)
+            parts = [np.asarray(tokens[0])[:, start : start + T - 1]]
+            if self.foil_ids is not None:
+                parts.append(np.asarray(tokens[1])[:, : len(self.foil_ids) - 1])
+        return np.concatenate(parts, axis=1)
 
     def to_segments(self, tokens_YN: np.ndarray) -> np.ndarray:
         """Token scores over the prompt (and perhaps the answer after it), (Y, N), summed over

@@ -51,6 +51,11 @@ class TokenMethodSegments:
                 "token attributors explain a causal language model's next token; an "
                 "encoder-decoder model's answer has no such token sequence"
             )
+        if scorer.foil_ids is not None:
+            raise RuntimeError(
+                "token attributors explain one next token's logit; a contrastive target's "
+                "answer and foil are two continuations"
+            )
         problem = loaded.unmet_needs(self.attributor)
         if problem:
             raise RuntimeError(problem)

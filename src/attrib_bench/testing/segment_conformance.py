@@ -131,7 +131,8 @@ def save_tiny_seq2seq(directory: Path, kind: str) -> Path:
     return directory
 
 
-#: Two contexts: four segments and a two-token answer, two segments and a one-token answer.
+#: Two contexts: four segments and a two-token answer; two segments and a one-token answer
+#: against a two-token foil (a contrastive example: its steps are the answer's, then the foil's).
 EXAMPLES = (
     SegmentExample(
         "kit-cat",
@@ -146,6 +147,7 @@ EXAMPLES = (
         "who gave a drink?",
         " john",
         evidence=(0, 1),
+        foil=" mary gave",
     ),
 )
 
@@ -233,7 +235,9 @@ def check_segment_attributor(obj: Any, families: Sequence[str] = FAMILIES) -> Se
     log-probability, whichever is larger: the scores depend on the example, not on the
     scorer's memory or its batch padding); ``attribute_steps``, if
     the method has it, returns (T, S) finite rows summing to the scores (the same rounding),
-    and a ``StepScores`` prefix (T, T - 1) that is 0 from column t on in row t.
+    T the scorer's ``step_count``, and a ``StepScores`` prefix (T, ``prefix_count``) that is 0
+    wherever a step would read a continuation's token at or after its own (row t of the answer
+    reads its columns 0..t-1 alone; a foil's steps read the foil's columns alone).
     """
     problems = _interface(obj, "attribute_segments")
     _raise(obj, problems)
@@ -290,33 +294,48 @@ def _attributor_problems(
 def _steps_problems(
     obj: Any, loaded: LoadedModel, example: SegmentExample, first: np.ndarray, scale: float
 ) -> list[str]:
-    """``attribute_steps``: (T, S) rows summing to the scores; a prefix (T, T - 1) that is 0
-    where a step would read the answer's token at or after itself."""
-    T = len(_scorer(loaded, example).answer_ids)
-    call = "attribute_steps(scorer)"
+    """``attribute_steps``: (T, S) rows summing to the scores; a prefix (T, P) that is 0 where a
+    step would read a token it does not (``_readable``)."""
+    scorer = _scorer(loaded, example)
+    T, P = scorer.step_count, scorer.prefix_count
+    call = "attribute_steps(scorer) (T = scorer.step_count rows)"
     value, failure = _call(lambda: obj.attribute_steps(_scorer(loaded, example)), call)
     if failure is not None:
         return [failure]
     matrix, prefix = value if isinstance(value, StepScores) else (value, None)
     matrix, problem = _scores(matrix, (T, len(first)), call)
-    difference = problem or _mismatch(first, matrix.sum(axis=0), scale)
+    if problem is not None:
+        return [problem]
+    difference = _mismatch(first, matrix.sum(axis=0), scale)
     problems = []
     if difference is not None:
         problems.append(
             f"attribute_steps does not sum over its rows to attribute_segments "
-            f"({difference}): row t attributes the answer's step t alone"
+            f"({difference}): row t attributes the score's term t alone"
         )
     if prefix is not None:
-        prefix, problem = _scores(prefix, (T, T - 1), f"{call}'s prefix")
-        later = np.triu(np.ones((T, T - 1), dtype=bool))  # column j >= row t
-        if problem is None and np.abs(prefix[later]).max(initial=0.0) > 1e-6 * scale:
+        prefix, problem = _scores(prefix, (T, P), f"{call}'s prefix")
+        unread = ~_readable(scorer)
+        if problem is None and np.abs(prefix[unread]).max(initial=0.0) > 1e-6 * scale:
             problem = (
-                "the prefix gives a step a score for the answer's token at or after it: row t "
-                "scores the tokens a_0..a_(t-1) it reads, and is 0 from column t on"
+                "the prefix gives a step a score for a token it does not read: row t of a "
+                "continuation scores its tokens before t alone (c_0..c_(t-1)), 0 elsewhere"
             )
         if problem is not None:
             problems.append(problem)
     return problems
+
+
+def _readable(scorer: SegmentScorer) -> np.ndarray:
+    """(T, P): whether step t reads prefix column j. The columns are each continuation's
+    tokens but its last, in order; a continuation's step t reads its own tokens before t."""
+    readable = np.zeros((scorer.step_count, scorer.prefix_count), dtype=bool)
+    row = column = 0
+    for ids, _ in scorer.continuations:
+        for t in range(len(ids)):
+            readable[row + t, column : column + t] = True
+        row, column = row + len(ids), column + len(ids) - 1
+    return readable
 
 
 def check_segment_evaluator(obj: Any, families: Sequence[str] = FAMILIES) -> SegmentReport:
