@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from attrib_bench import SegmentScorer, StepScores
+from attrib_bench.core.plugin_info import segment_info
 from attrib_bench.core.registry import load_registry
 from attrib_bench.testing import (
     ConformanceError,
@@ -20,8 +21,11 @@ REGISTRY = load_registry()
 
 @pytest.mark.parametrize("name", list(REGISTRY.segment_attributors))
 def test_builtin_segment_methods_conform(name):
-    report = check_segment_attributor(REGISTRY.segment_attributors[name].obj)
-    assert report.shapes["llama"] == {"kit-cat": (4,), "kit-drink": (2,)}
+    obj = REGISTRY.segment_attributors[name].obj
+    report = check_segment_attributor(obj)
+    causal = {"llama", "gpt2"} if "causal" in segment_info(obj).model_kinds else set()
+    assert set(report.shapes) == causal | {"t5", "bart", "marian"}
+    assert all(s == {"kit-cat": (4,), "kit-drink": (2,)} for s in report.shapes.values())
     assert report.steps == hasattr(REGISTRY.segment_attributors[name].obj, "attribute_steps")
 
 
@@ -119,6 +123,18 @@ def test_steps_that_ignore_a_foil_are_named_on_the_contrastive_example():
     assert "example 'kit-drink': attribute_steps(scorer) (T = scorer.step_count rows)" in problems
     assert "returned shape (1, 2), not (4, 2)" in problems
     assert "example 'kit-cat'" not in problems
+
+
+def test_a_method_runs_on_the_model_kinds_it_declares():
+    class Seq2SeqOnly(Drop):
+        model_kinds = ("seq2seq",)
+
+    assert set(check_segment_attributor(Seq2SeqOnly()).shapes) == {"t5", "bart", "marian"}
+
+    class Misdeclared(Drop):
+        model_kinds = ("encoder",)
+
+    assert "`model_kinds` must be a tuple among ('causal', 'seq2seq')" in _problems(Misdeclared())
 
 
 def test_interface_problems_come_first_and_together():

@@ -261,10 +261,28 @@ def _checked(obj: Any, values: dict[str, Any], problems: list[str]) -> dict[str,
     return values
 
 
-def segment_info(obj: Any) -> PluginInfo:
+#: The language models a segment method may declare it explains (``model_kinds``).
+SEGMENT_MODEL_KINDS = ("causal", "seq2seq")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SegmentInfo(PluginInfo):
+    """A segment method's or evaluator's record."""
+
+    #: The kinds of language model it explains: "causal", "seq2seq" (encoder-decoder).
+    model_kinds: tuple[str, ...] = SEGMENT_MODEL_KINDS
+
+
+def segment_info(obj: Any) -> SegmentInfo:
     """A segment method's or evaluator's record: what every plugin may declare (parameters,
-    choices, their docs); the registry checked its protocol when it was collected."""
-    return PluginInfo(**_common(obj, []))
+    choices, their docs, ``model_kinds``); the registry checked its protocol when it was
+    collected. One UsageError when a declaration has the wrong type."""
+    problems: list[str] = []
+    values = _common(obj, problems)
+    kinds = getattr(obj, "model_kinds", SEGMENT_MODEL_KINDS)
+    if not isinstance(kinds, tuple) or not kinds or not set(kinds) <= set(SEGMENT_MODEL_KINDS):
+        problems.append(f"`model_kinds` must be a tuple among {SEGMENT_MODEL_KINDS}, not {kinds!r}")
+    return SegmentInfo(**_checked(obj, values | {"model_kinds": kinds}, problems))
 
 
 def attributor_info(obj: Any) -> AttributorInfo:

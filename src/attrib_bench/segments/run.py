@@ -21,6 +21,7 @@ import numpy as np
 from attrib_bench.core.console import progress, warn
 from attrib_bench.core.errors import UsageError
 from attrib_bench.core.loaded_model import LoadedModel
+from attrib_bench.core.plugin_info import segment_info
 from attrib_bench.core.registry import Registry, Spec
 from attrib_bench.core.segment_interfaces import StepScores
 from attrib_bench.core.target import Target
@@ -151,7 +152,14 @@ def run_segments(
         for spec, method in methods.items()
     }
     seconds = dict.fromkeys(methods, 0.0)
-    failed: dict[str, str] = {}
+    kind = "seq2seq" if loaded.is_seq2seq else "causal"
+    failed: dict[str, str] = {
+        spec: f"explains {' and '.join(kinds)} language models, not this {kind} one"
+        for spec, method in methods.items()
+        if kind not in (kinds := segment_info(method).model_kinds)
+    }
+    for spec, reason in failed.items():
+        warn(f"segment method {spec} is skipped: it {reason}")
     records = []
     with progress(disable=quiet) as bar:
         task = bar.add_task("segments", total=len(scorers))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import inspect
 import weakref
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -35,6 +36,20 @@ from attrib_bench.core.loaded_model import LoadedModel
 from attrib_bench.segments.data import DEFAULT_TEMPLATE, SegmentExample
 
 _MARK = "\x00"
+
+
+class AttentionMaps(NamedTuple):
+    """An encoder-decoder model's attention probabilities, per layer (1, H, n, m) as the model
+    returns them (the tensors its pass used, so gradients can be taken at them): the encoder's
+    self-attention (S x S), the decoder's (T x T, causal) and its cross-attention (T x S) for one
+    continuation; the score's terms of that continuation from the same pass, (T,): its
+    log-probabilities times ``sign`` (+1 the answer, -1 a foil)."""
+
+    encoder: list[torch.Tensor]
+    decoder: list[torch.Tensor]
+    cross: list[torch.Tensor]
+    steps_T: torch.Tensor
+    sign: float
 
 
 def generate_answer(loaded: LoadedModel, example: SegmentExample, template: str, steps: int) -> str:
@@ -378,6 +393,38 @@ class SegmentScorer:
             for ids, _ in self.continuations
         ]
         return (source.detach(), *targets)
+
+    def attention_maps(self, continuation: int = 0, graph: bool = False) -> AttentionMaps:
+        """An encoder-decoder model's attention probabilities over the full prompt and a
+        continuation (``continuations[continuation]``: 0 the answer, 1 a contrastive example's
+        foil), one forward pass (eager attention, as the model loads): per layer (1, H, n, m).
+        ``graph``: run from ``embedded()``'s inputs with autograd on, so that the score's terms
+        of that continuation (``steps_T``, signed) can be differentiated with respect to the
+        maps."""
+        if not self.loaded.is_seq2seq:
+            raise RuntimeError("attention_maps reads an encoder-decoder model's three attentions")
+        ids, sign = self.continuations[continuation]
+        model = self.loaded.model
+        if graph:
+            embedded = self.embedded()
+            source, target = embedded[0], embedded[1 + continuation]
+            source.requires_grad_()
+            target.requires_grad_()
+            inputs = {"inputs_embeds": source, "decoder_inputs_embeds": target}
+        else:
+            inputs = {
+                "input_ids": torch.tensor([self.prompt_ids], device=self.loaded.device),
+                "decoder_input_ids": self._decoder_inputs(1, ids),
+            }
+        with torch.set_grad_enabled(graph):
+            out = model(**inputs, output_attentions=True, use_cache=False)
+        return AttentionMaps(
+            list(out.encoder_attentions),
+            list(out.decoder_attentions),
+            list(out.cross_attentions),
+            sign * self._seq2seq_log_probs(out.logits, ids)[0],
+            sign,
+        )
 
     def steps_from_embeddings(self, *embeddings: torch.Tensor) -> torch.Tensor:
         """The score's per-step terms, (X, T), from ``embedded()``'s inputs (perhaps scaled or

@@ -32,6 +32,10 @@ STEP_TARGET = Target(position="last", score="gold")
 class TokenMethodSegments:
     """A registered token attributor, aggregated to segments by sum (see the module)."""
 
+    #: A token attributor explains a causal model's next token (an encoder-decoder model's
+    #: attention: the cross-attention segment methods).
+    model_kinds = ("causal",)
+
     def __init__(
         self, spec: str, attributor: Any, fields: Mapping[str, TraceField], seed: int = 0
     ) -> None:
@@ -46,11 +50,6 @@ class TokenMethodSegments:
 
     def attribute_steps(self, scorer: SegmentScorer) -> StepScores:
         loaded = scorer.loaded
-        if not loaded.is_language_model:
-            raise RuntimeError(
-                "token attributors explain a causal language model's next token; an "
-                "encoder-decoder model's answer has no such token sequence"
-            )
         if scorer.foil_ids is not None:
             raise RuntimeError(
                 "token attributors explain one next token's logit; a contrastive target's "

@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from attrib_bench.core.errors import UsageError
 from attrib_bench.core.loaded_model import LoadedModel
+from attrib_bench.core.plugin_info import segment_info
 from attrib_bench.core.segment_interfaces import StepScores
 from attrib_bench.segments.data import DEFAULT_TEMPLATE, SegmentExample
 from attrib_bench.segments.scorer import SegmentScorer
@@ -225,7 +227,8 @@ def _scores(value: Any, shape: tuple[int, ...], call: str) -> tuple[np.ndarray |
 
 def check_segment_attributor(obj: Any, families: Sequence[str] = FAMILIES) -> SegmentReport:
     """Run a segment method on each family's tiny random language model (``FAMILIES``: causal
-    and encoder-decoder; ``families`` narrows them); raise a ConformanceError
+    and encoder-decoder; ``families`` narrows them, and so does the method's ``model_kinds``,
+    "causal" and "seq2seq" by default); raise a ConformanceError
     naming every problem and its fix, or return the shapes seen.
 
     Checks: ``name`` and ``description``; ``attribute_segments`` returns (S,) finite scores;
@@ -241,9 +244,13 @@ def check_segment_attributor(obj: Any, families: Sequence[str] = FAMILIES) -> Se
     """
     problems = _interface(obj, "attribute_segments")
     _raise(obj, problems)
+    try:
+        kinds = segment_info(obj).model_kinds
+    except UsageError as error:
+        _raise(obj, [("", str(error))])
     steps = callable(getattr(obj, "attribute_steps", None))
     shapes: dict[str, dict[str, Any]] = {}
-    for family in families:
+    for family in (f for f in families if _kind(f) in kinds):
         loaded = tiny_decoder(family)
         shapes[family] = {}
         for example in EXAMPLES:
@@ -252,6 +259,11 @@ def check_segment_attributor(obj: Any, families: Sequence[str] = FAMILIES) -> Se
             shapes[family][example.id] = (len(example.segments),)
     _raise(obj, problems)
     return SegmentReport(obj.name, shapes, steps)
+
+
+def _kind(family: str) -> str:
+    """The ``model_kinds`` entry a family's tiny model is: "causal" or "seq2seq"."""
+    return "causal" if family in DECODER_FAMILIES else "seq2seq"
 
 
 def _attributor_problems(
