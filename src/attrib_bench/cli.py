@@ -415,7 +415,10 @@ def build_parser() -> argparse.ArgumentParser:
     context.add_argument("--split", help="an ERASER split (default: val)")
     context.add_argument("--limit", type=int, help="the first N examples")
     context.add_argument(
-        "--split-by", default="sentences", choices=("sentences", "lines"), help="a context column"
+        "--split-by",
+        default="sentences",
+        choices=("sentences", "lines", "tokens"),
+        help="how a context or prompt column is cut into segments",
     )
     context.add_argument("--query", help="the query for every example (ERASER: a default)")
     context.add_argument("--template", help="prompt with {context} and {query} (ContextCite's)")

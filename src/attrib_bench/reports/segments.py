@@ -147,8 +147,12 @@ def _example_html(example: Mapping[str, Any]) -> str:
     answer, foils = example.get("answer_tokens") or [], example.get("foil_tokens") or []
     tokens = answer + [f"-{token}" for token in foils]
     earlier = answer[:-1] + foils[:-1]
+    # Short segments (tokens) name their columns; longer ones by their index.
+    segments = example["segments"]
+    short = all(len(text) <= 16 for text in segments)
+    names = [repr(text)[1:-1] if short else str(i) for i, text in enumerate(segments)]
     matrices = [
-        (method, matrix, "segment", [str(i) for i in range(len(example["segments"]))])
+        (method, matrix, "segment", names)
         for method, matrix in (example.get("steps") or {}).items()
     ] + [
         (method, matrix, "earlier answer token", earlier)

@@ -4,10 +4,12 @@ A segment is the unit attributed to (a sentence, a line, a retrieved document, a
 demonstration). The formats (docs/segments.md):
 
 - a JSONL file of records with ``segments`` (a list of strings) or ``context`` (one string,
-  split by ``--split-by sentences|lines``), a ``query``, optionally an ``answer`` (the
+  split by ``--split-by sentences|lines|tokens``), a ``query``, optionally an ``answer`` (the
   continuation whose log-probability is explained; without one, ``--generate N`` produces it),
   a ``foil`` (a contrasting continuation, for ``--target score=contrastive,foil=example``) and
-  ``evidence`` (indices of the segments humans marked as the evidence), and an ``id``;
+  ``evidence`` (indices of the segments humans marked as the evidence), and an ``id``; or a
+  ``prompt`` and a ``continuation`` (a next-token dataset generalised: the prompt is used as it
+  is, no template, and is split as a context; the continuation is the answer);
 - an ERASER folder (movie reviews): a review's lines are its sentences, the answer is the gold
   label's word, the foil the other label's, and a sentence is evidence when it overlaps a
   human evidence span. A line holding punctuation alone (the tokenised reviews break some
@@ -24,10 +26,13 @@ import re
 import string
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from attrib_bench.core.errors import UsageError, unknown_choice
 
-SPLIT_RULES = ("sentences", "lines")
+SPLIT_RULES = ("sentences", "lines", "tokens")
+#: The template of a prompt/continuation record: its prompt as it is.
+RAW_TEMPLATE = "{context}{query}"
 #: The answers of ERASER movie reviews, by label (NEG, POS); the default query asks for them.
 ERASER_ANSWERS = {"NEG": " negative", "POS": " positive"}
 ERASER_QUERY = "Is this movie review positive or negative?\nAnswer:"
@@ -66,6 +71,13 @@ class SegmentExample:
     evidence: tuple[int, ...] | None = None
     separator: str = " "
     foil: str | None = None
+    #: A prompt/continuation record: the prompt is the context as it is, no template.
+    raw: bool = False
+
+    def template(self, template: str) -> str:
+        """The template this example's prompt is made with: ``template``, or none (the
+        context alone) for a prompt/continuation record."""
+        return RAW_TEMPLATE if self.raw else template
 
     def context(self, keep: tuple[bool, ...] | None = None) -> str:
         """The context with the segments ``keep`` marks (all when None), joined by the
@@ -75,24 +87,47 @@ class SegmentExample:
         return self.separator.join(s for s, k in zip(self.segments, keep, strict=True) if k)
 
 
-def split_context(text: str, rule: str) -> list[str]:
-    """``text`` cut into sentences (after ``.``, ``!`` or ``?`` and white space) or lines; empty
-    pieces are dropped and every piece is stripped."""
+def split_context(text: str, rule: str, tokenizer: Any = None) -> list[str]:
+    """``text`` cut into sentences (after ``.``, ``!`` or ``?`` and white space) or lines, empty
+    pieces dropped and every piece stripped; or into ``tokenizer``'s tokens (``split_tokens``)."""
     if rule not in SPLIT_RULES:
         raise unknown_choice("segment split rule", rule, SPLIT_RULES)
+    if rule == "tokens":
+        return split_tokens(text, tokenizer)
     pieces = SENTENCE_END.split(text) if rule == "sentences" else text.splitlines()
     return [piece.strip() for piece in pieces if piece.strip()]
 
 
-def _segments(record: dict, where: str, split_by: str) -> tuple[str, ...]:
+def split_tokens(text: str, tokenizer: Any) -> list[str]:
+    """``text`` cut after each of its tokens' last character, so that the pieces joined with
+    no separator are ``text`` again: a token's piece carries the white space before it (a
+    token of white space alone joins the token after it, so no piece is empty)."""
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    pieces, start = [], 0
+    for _, end in offsets["offset_mapping"]:
+        if end > start and text[start:end].strip():
+            pieces.append(text[start:end])
+            start = end
+    if start < len(text):  # trailing white space (or text no token covered)
+        if pieces:
+            pieces[-1] += text[start:]
+        else:
+            pieces.append(text[start:])
+    return pieces
+
+
+def _segments(record: dict, where: str, split_by: str, tokenizer: Any) -> tuple[str, ...]:
     if "segments" in record:
         segments = record["segments"]
         if not isinstance(segments, list) or not all(isinstance(s, str) for s in segments):
             raise UsageError(f"{where}: 'segments' must be a list of strings")
         return tuple(segments)
-    if "context" in record:
-        return tuple(split_context(str(record["context"]), split_by))
-    raise UsageError(f"{where}: a record needs 'segments' (a list) or 'context' (a string)")
+    for key in ("context", "prompt"):
+        if key in record:
+            return tuple(split_context(str(record[key]), split_by, tokenizer))
+    raise UsageError(
+        f"{where}: a record needs 'segments' (a list), 'context' or 'prompt' (a string)"
+    )
 
 
 def _evidence(record: dict, count: int, where: str) -> tuple[int, ...] | None:
@@ -107,7 +142,9 @@ def _evidence(record: dict, count: int, where: str) -> tuple[int, ...] | None:
     return tuple(int(i in marked) for i in range(count))
 
 
-def load_jsonl(path: Path, split_by: str, limit: int | None) -> list[SegmentExample]:
+def load_jsonl(
+    path: Path, split_by: str, limit: int | None, tokenizer: Any = None
+) -> list[SegmentExample]:
     """The examples of a JSONL context file (the module's first format)."""
     examples = []
     with path.open(encoding="utf-8") as handle:
@@ -121,18 +158,27 @@ def load_jsonl(path: Path, split_by: str, limit: int | None) -> list[SegmentExam
                 record = json.loads(line)
             except json.JSONDecodeError as error:
                 raise UsageError(f"{where} is not JSON ({error.msg})") from None
-            if "query" not in record:
-                raise UsageError(f"{where}: a record needs a 'query'")
-            segments = _segments(record, where, split_by)
-            answer, foil = record.get("answer"), record.get("foil")
+            raw = "prompt" in record
+            if raw and ("query" in record or "context" in record or "segments" in record):
+                raise UsageError(
+                    f"{where}: a 'prompt' record takes its prompt as it is; give no 'query', "
+                    "'context' or 'segments' beside it"
+                )
+            if not raw and "query" not in record:
+                raise UsageError(f"{where}: a record needs a 'query' (or a 'prompt')")
+            segments = _segments(record, where, split_by, tokenizer)
+            answer = record.get("continuation" if raw else "answer")
+            foil = record.get("foil")
             examples.append(
                 SegmentExample(
                     id=str(record.get("id", number)),
                     segments=segments,
-                    query=str(record["query"]),
+                    query=str(record.get("query", "")),
                     answer=None if answer is None else str(answer),
                     evidence=_evidence(record, len(segments), where),
                     foil=None if foil is None else str(foil),
+                    separator="" if split_by == "tokens" else " ",
+                    raw=raw,
                 )
             )
     return examples
@@ -198,23 +244,37 @@ def load_segments(
     limit: int | None = None,
     split_by: str = "sentences",
     query: str | None = None,
+    tokenizer: Any = None,
 ) -> tuple[list[SegmentExample], str]:
-    """The examples of ``dataset`` (a JSONL file or an ERASER folder) and their fingerprint."""
+    """The examples of ``dataset`` (a JSONL file or an ERASER folder) and their fingerprint;
+    ``tokenizer`` splits contexts by ``tokens``."""
     path = Path(dataset)
+    if split_by == "tokens" and tokenizer is None:
+        raise ValueError("split_by='tokens' needs the model's tokenizer")
     if path.is_dir() and (path / "docs").is_dir():
         examples = load_eraser(path, split or "val", limit, query or ERASER_QUERY)
     elif path.is_file():
-        examples = load_jsonl(path, split_by, limit)
-        if query is not None:
-            examples = [replace(e, query=query) for e in examples]
+        examples = load_jsonl(path, split_by, limit, tokenizer)
+        if query is not None:  # a prompt record has no query: its prompt is used as it is
+            examples = [e if e.raw else replace(e, query=query) for e in examples]
     else:
         raise UsageError(
             f"context dataset {str(path)!r} is neither a JSONL file nor an ERASER folder"
         )
     if not examples:
         raise UsageError(f"context dataset {str(path)!r} has no example")
-    # A record without a foil is fingerprinted as before foils existed.
+    # Fields added since fingerprints began count only where set: older data keeps its print.
     records = [
-        {k: v for k, v in asdict(e).items() if k != "foil" or v is not None} for e in examples
+        _first(e) | {k: getattr(e, k) for k, v in LATER_FIELDS.items() if getattr(e, k) != v}
+        for e in examples
     ]
     return examples, hashlib.sha256(json.dumps(records).encode()).hexdigest()
+
+
+#: SegmentExample fields added after the first fingerprints, with their defaults.
+LATER_FIELDS: dict[str, Any] = {"foil": None, "raw": False}
+
+
+def _first(example: SegmentExample) -> dict[str, Any]:
+    """The fields fingerprinted from the start, in their order."""
+    return {k: v for k, v in asdict(example).items() if k not in LATER_FIELDS}

@@ -130,7 +130,7 @@ def run_segments(
         methods[wrapped.name] = wrapped
     evaluators = {spec: registry.segment_evaluator(spec) for spec in config.evaluators}
     examples, fingerprint = load_segments(
-        config.dataset, config.split, config.limit, config.split_by, config.query
+        config.dataset, config.split, config.limit, config.split_by, config.query, loaded.tokenizer
     )
     if config.generate is None and any(e.answer is None for e in examples):
         missing = next(e.id for e in examples if e.answer is None)
@@ -142,11 +142,15 @@ def run_segments(
         raise UsageError(f"example {missing!r} has no foil, which target {config.target} needs")
     if config.generate is not None:
         examples = [
-            replace(e, answer=generate_answer(loaded, e, config.template, config.generate))
+            replace(
+                e, answer=generate_answer(loaded, e, e.template(config.template), config.generate)
+            )
             for e in examples
         ]
     # Every example is checked before any is computed: a bad one costs nothing.
-    scorers = [SegmentScorer(loaded, e, config.template, config.batch_size) for e in examples]
+    scorers = [
+        SegmentScorer(loaded, e, e.template(config.template), config.batch_size) for e in examples
+    ]
     stepped = {
         spec: config.per_step and hasattr(method, "attribute_steps")
         for spec, method in methods.items()
