@@ -97,3 +97,12 @@ def test_cli_explains_a_continuation_token_by_token(run_cli, tmp_path):
     assert code == 0, err
     html = page.read_text()
     assert "<th> john</th>" in html and "<th>when</th>" in html  # token columns by name
+
+
+def test_run_points_prompt_data_to_context(run_cli, tmp_path):
+    model = save_tiny_decoder(tmp_path / "gpt2", "gpt2")
+    data = write_jsonl(tmp_path / "d.jsonl", [RECORD])
+    code, _, err = run_cli("run", "--model", model, "--dataset", data, "--limit", "1")
+    assert code == 2  # the one line after the tiny model's save progress
+    line = err.strip().splitlines()[-1]
+    assert "holds prompts" in line and line.endswith("attrib-bench context --split-by tokens")

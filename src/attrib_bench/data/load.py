@@ -127,6 +127,12 @@ def _columns(
                 break
         else:
             text = next((c for c in SINGLE_COLUMNS if c in names), None)
+        if text is None and "prompt" in names:
+            raise UsageError(
+                f"dataset {dataset!r} holds prompts (columns: {', '.join(names)}); a run explains "
+                "one class or next token: explain a prompt's continuation with attrib-bench "
+                "context --split-by tokens"
+            )
         if text is None:
             raise UsageError(
                 f"no text column found in dataset {dataset!r} (columns: {', '.join(names)}); "
