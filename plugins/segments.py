@@ -31,6 +31,7 @@ evidence segments).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 
@@ -136,18 +137,26 @@ class TokenGradients(Configurable):
             self.params = {}
 
     def attribute_segments(self, scorer: SegmentScorer) -> np.ndarray:
+        """Captum's attribution of the score; a contrastive example's is the sum of each
+        continuation's part attributed alone (the attributions are linear in the score, and
+        one graph at a time bounds the memory)."""
         import captum.attr
 
         inputs = tuple(e.requires_grad_() for e in scorer.embedded())
-        method = getattr(captum.attr, self.method)(scorer.score_from_embeddings)
         extra = {}
         if self.method == "IntegratedGradients":
             extra = {
                 "n_steps": self.params["steps"],
                 "internal_batch_size": self.params["internal_batch_size"],
             }
-        with scorer.loaded.fast_attention():
-            tokens = method.attribute(inputs, **extra)[0][0].sum(dim=-1)
+        tokens = 0
+        for c in range(len(scorer.continuations)):
+            read = scorer.inputs_of(c)
+            part = functools.partial(_part, scorer, c, inputs)
+            method = getattr(captum.attr, self.method)(part)
+            with scorer.loaded.fast_attention():
+                attributions = method.attribute(tuple(inputs[i] for i in read), **extra)
+            tokens = tokens + attributions[0][0].sum(dim=-1)  # the prompt's sequence
         return scorer.to_segments(tokens[None].detach().cpu().double().numpy())[0]
 
     def attribute_steps(self, scorer: SegmentScorer) -> StepScores:
@@ -166,23 +175,45 @@ class TokenGradients(Configurable):
             step_sizes, points = approximation_parameters("gausslegendre")
             alphas, weights = points(self.params["steps"]), step_sizes(self.params["steps"])
             chunk = self.params["internal_batch_size"]
-        T = scorer.step_count
         device, dtype = inputs[0].device, inputs[0].dtype
-        tokens = [torch.zeros(T, x.shape[1], dtype=dtype, device=device) for x in inputs]
+        tokens = [
+            torch.zeros(scorer.step_count, x.shape[1], dtype=dtype, device=device) for x in inputs
+        ]
         with scorer.loaded.fast_attention():
             for first in range(0, len(alphas), chunk):
                 a = torch.tensor(alphas[first : first + chunk], dtype=dtype).to(device)
                 # Captum rounds its step sizes to float32 (IntegratedGradients._attribute).
                 w = torch.tensor(weights[first : first + chunk], dtype=torch.float32)
                 w = w.to(device, dtype)[:, None, None]
-                paths = [(a[:, None, None] * x).requires_grad_() for x in inputs]
-                steps_XT = scorer.steps_from_embeddings(*paths)
-                for t in range(T):
-                    grads = torch.autograd.grad(steps_XT[:, t].sum(), paths, retain_graph=t < T - 1)
-                    for total, grad, x in zip(tokens, grads, inputs, strict=True):
-                        total[t] += (w * grad * x).sum(dim=(0, 2))
+                row = 0  # each continuation's pass alone: one graph in memory at a time
+                for c, (ids, _) in enumerate(scorer.continuations):
+                    paths = [(a[:, None, None] * x).requires_grad_() for x in inputs]
+                    steps_XT = scorer.steps_from_embeddings(*paths, only=c)
+                    T = len(ids)
+                    for t in range(T):
+                        grads = torch.autograd.grad(
+                            steps_XT[:, t].sum(), paths, retain_graph=t < T - 1, allow_unused=True
+                        )
+                        for total, grad, x in zip(tokens, grads, inputs, strict=True):
+                            if grad is not None:  # None: an input this pass does not read
+                                total[row + t] += (w * grad * x).sum(dim=(0, 2))
+                    row += T
         tokens_np = [t.detach().cpu().double().numpy() for t in tokens]
         return StepScores(scorer.to_segments(tokens_np[0]), scorer.answer_columns(tokens_np))
+
+
+def _part(
+    scorer: SegmentScorer,
+    continuation: int,
+    embedded: tuple[torch.Tensor, ...],
+    *read: torch.Tensor,
+) -> torch.Tensor:
+    """One continuation's part of the score from the inputs its pass reads
+    (``scorer.inputs_of``), the others as ``embedded`` (unread)."""
+    inputs = list(embedded)
+    for i, x in zip(scorer.inputs_of(continuation), read, strict=True):
+        inputs[i] = x
+    return scorer.score_from_embeddings(*inputs, only=continuation)
 
 
 class RandomSegments(Configurable):

@@ -202,3 +202,24 @@ def test_cli_contrastive_run_reports_both_continuations(run_cli, tmp_path):
     assert "example 'a' has no foil" in err and not (tmp_path / "none.json").exists()
     code, _, err = run_cli("context", "--dataset", bare, "--model", model, "--target", "score=x")
     assert code == 2 and "target score='x'" in err
+
+
+def test_gradients_take_one_continuation_per_pass(model64, monkeypatch):
+    """Memory: a contrastive example's gradient methods never run the answer's and the foil's
+    graphs together (each pass is one continuation's, ``only=c``)."""
+    scorer = SegmentScorer(model64, CONTRAST, TEMPLATE)
+    seen = []
+    original = scorer.steps_from_embeddings
+
+    def recording(*embeddings, only=None):
+        seen.append(only)
+        return original(*embeddings, only=only)
+
+    monkeypatch.setattr(scorer, "steps_from_embeddings", recording)
+    for name, captum in (("ixg", "InputXGradient"), ("ig", "IntegratedGradients")):
+        method = TokenGradients(name, captum)
+        if captum == "IntegratedGradients":
+            method = method.configure({"steps": "4", "internal_batch_size": "2"})
+        method.attribute_segments(scorer)
+        method.attribute_steps(scorer)
+    assert seen and set(seen) == {0, 1}

@@ -426,41 +426,63 @@ class SegmentScorer:
             sign,
         )
 
-    def steps_from_embeddings(self, *embeddings: torch.Tensor) -> torch.Tensor:
+    def steps_from_embeddings(
+        self, *embeddings: torch.Tensor, only: int | None = None
+    ) -> torch.Tensor:
         """The score's per-step terms, (X, T), from ``embedded()``'s inputs (perhaps scaled or
         perturbed, X rows each): the answer's log-probabilities (then the foil's, negated).
-        Inputs left out (only the first given) come from the continuations' ids."""
+        Inputs left out (only the first given) come from the continuations' ids. ``only``: the
+        terms of ``continuations[only]`` alone, from its pass alone: a contrastive example's
+        gradients taken one continuation at a time keep one graph in memory, not two."""
         first = embeddings[0]
-        X, N, _ = first.shape
+        X = first.shape[0]
         model = self.loaded.model
+        chosen = [
+            (c, ids, sign)
+            for c, (ids, sign) in enumerate(self.continuations)
+            if only is None or c == only
+        ]
         terms = []
         if self.loaded.is_seq2seq:
             memory = model.get_encoder()(inputs_embeds=first)
-            for c, (ids, sign) in enumerate(self.continuations, start=1):
+            for c, ids, sign in chosen:
                 target = (
-                    {"decoder_inputs_embeds": embeddings[c]}
-                    if len(embeddings) > c
+                    {"decoder_inputs_embeds": embeddings[c + 1]}
+                    if len(embeddings) > c + 1
                     else {"decoder_input_ids": self._decoder_inputs(X, ids)}
                 )
                 logits = model(encoder_outputs=memory, use_cache=False, **target).logits
                 terms.append(sign * self._seq2seq_log_probs(logits, ids))
             return torch.cat(terms, dim=1)
-        hidden = model.base_model(inputs_embeds=first, use_cache=False).last_hidden_state
-        terms.append(self._log_probs(hidden, [N] * X, self.answer_ids))
-        if self.foil_ids is not None:
-            if len(embeddings) > 1:
-                foil = embeddings[1]
-            else:
-                ids = torch.tensor([self.foil_ids], device=first.device)
-                foil = model.get_input_embeddings()(ids).expand(X, -1, -1)
-            sequence = torch.cat([first[:, : len(self.prompt_ids)], foil], dim=1)
+        for c, ids, sign in chosen:
+            if c == 0:  # the answer: the input sequence itself
+                sequence = first
+            else:  # the foil after the same prompt embeddings
+                if len(embeddings) > 1:
+                    foil = embeddings[1]
+                else:
+                    foil_ids = torch.tensor([ids], device=first.device)
+                    foil = model.get_input_embeddings()(foil_ids).expand(X, -1, -1)
+                sequence = torch.cat([first[:, : len(self.prompt_ids)], foil], dim=1)
             hidden = model.base_model(inputs_embeds=sequence, use_cache=False).last_hidden_state
-            terms.append(-self._log_probs(hidden, [sequence.shape[1]] * X, self.foil_ids))
+            terms.append(sign * self._log_probs(hidden, [sequence.shape[1]] * X, ids))
         return torch.cat(terms, dim=1)
 
-    def score_from_embeddings(self, *embeddings: torch.Tensor) -> torch.Tensor:
-        """The score, (X,): what gradient methods differentiate."""
-        return self.steps_from_embeddings(*embeddings).sum(dim=1)
+    def inputs_of(self, continuation: int) -> tuple[int, ...]:
+        """The indices of the ``embedded()`` inputs that ``continuations[continuation]``'s pass
+        reads: the prompt's sequence (a causal model's, or the encoder's source) and, but for a
+        causal model's answer (its sequence is the first input), its own decoder input or foil
+        tokens."""
+        if continuation == 0 and not self.loaded.is_seq2seq:
+            return (0,)
+        return (0, continuation if not self.loaded.is_seq2seq else continuation + 1)
+
+    def score_from_embeddings(
+        self, *embeddings: torch.Tensor, only: int | None = None
+    ) -> torch.Tensor:
+        """The score, (X,): what gradient methods differentiate (``only``: one continuation's
+        part of it, as ``steps_from_embeddings``)."""
+        return self.steps_from_embeddings(*embeddings, only=only).sum(dim=1)
 
     def answer_columns(self, tokens: Sequence[np.ndarray]) -> np.ndarray:
         """From token scores over ``embedded()``'s inputs, (Y, n) each, those of the answer's
