@@ -37,6 +37,7 @@ official code.
 
 from __future__ import annotations
 
+import abc
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -100,16 +101,16 @@ def gae_relevance(
     return cross, target
 
 
-class _CrossAttentionMethod(Configurable):
+class _CrossAttentionMethod(Configurable, abc.ABC):
     """Shared: per continuation one forward pass with the attention maps, its step rows to the
     segments and to its own prefix columns."""
 
     model_kinds = ("seq2seq",)
     reference = "Chefer, Gur & Wolf 2021 (ICCV), official encoder-decoder code"
 
+    @abc.abstractmethod
     def relevance(self, scorer: SegmentScorer, continuation: int) -> tuple[torch.Tensor, ...]:
         """(R^{ts} (T, S), R^{tt} (T, T)) of one continuation (0: the answer, 1: the foil)."""
-        raise NotImplementedError
 
     def attribute_segments(self, scorer: SegmentScorer) -> np.ndarray:
         return self.attribute_steps(scorer).segments_TS.sum(axis=0)
