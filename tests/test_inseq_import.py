@@ -13,6 +13,7 @@ import pytest
 from helpers import save_tiny_decoder
 from test_next_token_runs import ROWS, write_blimp_csv
 
+from attrib_bench.core.errors import UsageError
 from attrib_bench.runner.outside import detect_format, read_file
 
 FILES = Path(__file__).parent / "inseq_files"
@@ -86,7 +87,7 @@ def test_bad_inseq_files_fail_with_one_line(llama, toy_rows, tiny_bert, run_cli,
         return err
 
     err = one_line(llama, toy_rows, FILES / "attention.json")
-    assert "scores of shape (2, 4) per token" in err and "out.aggregate()" in err
+    assert "scores of shape (6, 1, 2, 4) (layers and heads?)" in err and "out.aggregate()" in err
 
     other_word = [("the cat sat on the", "dog", "mat", "cat"), *ROWS[1:]]
     dog = write_blimp_csv(tmp_path / "dog.csv", other_word)
@@ -122,3 +123,11 @@ def test_inseq_default_aggregation_is_the_l2_rows_normalised():
     for text, rows in granular.rows.items():
         l2 = rows.aggregated_LN[0]
         np.testing.assert_allclose(aggregated.rows[text].aggregated_LN[0], l2 / l2.sum(), rtol=1e-5)
+
+
+def test_an_encoder_decoder_file_is_pointed_to_context():
+    """Inseq's T5 file (tests/inseq_files/make_steps.py) has source attributions: next-token
+    evaluation cannot score them, and the refusal names the command that does."""
+    refusal = r"prompt 'the cat sat on the': .*score them with attrib-bench context"
+    with pytest.raises(UsageError, match=refusal):
+        read_file(FILES / "t5_steps.json.gz", "inseq", [], None, "l2")

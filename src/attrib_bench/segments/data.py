@@ -263,12 +263,17 @@ def load_segments(
         )
     if not examples:
         raise UsageError(f"context dataset {str(path)!r} has no example")
+    return examples, fingerprint(examples)
+
+
+def fingerprint(examples: list[SegmentExample]) -> str:
+    """The SHA-256 of the examples' fields, which a report records to name its data."""
     # Fields added since fingerprints began count only where set: older data keeps its print.
     records = [
         _first(e) | {k: getattr(e, k) for k, v in LATER_FIELDS.items() if getattr(e, k) != v}
         for e in examples
     ]
-    return examples, hashlib.sha256(json.dumps(records).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(records).encode()).hexdigest()
 
 
 #: SegmentExample fields added after the first fingerprints, with their defaults.

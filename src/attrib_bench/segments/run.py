@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,12 +27,15 @@ from attrib_bench.core.registry import Registry, Spec
 from attrib_bench.core.segment_interfaces import StepScores
 from attrib_bench.core.target import Target
 from attrib_bench.results.stats import summarize
+from attrib_bench.runner.outside import is_inseq_file
 from attrib_bench.segments.data import (
     DEFAULT_TEMPLATE,
     SPLIT_RULES,
     check_template,
+    fingerprint,
     load_segments,
 )
+from attrib_bench.segments.inseq import read_inseq_continuations
 from attrib_bench.segments.scorer import SegmentScorer, generate_answer
 from attrib_bench.segments.token_methods import TokenMethodSegments
 
@@ -43,6 +47,8 @@ DEFAULT_METHODS = (
     "random",
 )
 DEFAULT_EVALUATORS = ("topk-drop", "lds", "evidence-auprc")
+#: How an Inseq file's scores per hidden unit become one per token (as ``evaluate``'s).
+REDUCTIONS = ("l2", "sum", "abs-sum")
 #: The targets a context run explains, in ``--target`` syntax.
 CONTEXT_TARGETS = ("score=gold", "score=contrastive,foil=example")
 
@@ -94,9 +100,13 @@ class ContextConfig:
     batch_size: int = 8
     seed: int = 0
     device: str = "auto"
+    #: An Inseq file given as the dataset: how its (N, D) scores are reduced per token.
+    reduce: str = "l2"
 
     def __post_init__(self) -> None:
         check_template(self.template)
+        if self.reduce not in REDUCTIONS:
+            raise UsageError(f"--reduce must be one of {', '.join(REDUCTIONS)}, got {self.reduce}")
         if self.split_by not in SPLIT_RULES:
             raise UsageError(f"--split-by must be one of {', '.join(SPLIT_RULES)}")
         for flag, value in (("limit", self.limit), ("generate", self.generate)):
@@ -129,9 +139,21 @@ def run_segments(
         wrapped = TokenMethodSegments(str(Spec.parse(spec)), attributor, fields, config.seed)
         methods[wrapped.name] = wrapped
     evaluators = {spec: registry.segment_evaluator(spec) for spec in config.evaluators}
-    examples, fingerprint = load_segments(
-        config.dataset, config.split, config.limit, config.split_by, config.query, loaded.tokenizer
-    )
+    path = Path(config.dataset)
+    if path.is_file() and is_inseq_file(path):  # its continuations, and its scores as a method
+        if config.generate is not None:
+            raise UsageError(f"{path.name} holds the answers Inseq attributed: drop --generate")
+        examples, imported = read_inseq_continuations(
+            path, loaded.tokenizer, loaded.is_seq2seq, config.split_by, config.limit, config.reduce
+        )
+        if imported.name in methods:
+            raise UsageError(f"{path.name} is read as method {imported.name!r}, which is also run")
+        methods = {imported.name: imported, **methods}
+        printed = fingerprint(examples)
+    else:
+        examples, printed = load_segments(
+            path, config.split, config.limit, config.split_by, config.query, loaded.tokenizer
+        )
     if config.generate is None and any(e.answer is None for e in examples):
         missing = next(e.id for e in examples if e.answer is None)
         raise UsageError(f"example {missing!r} has no answer; give one or --generate N")
@@ -219,7 +241,7 @@ def run_segments(
         "kind": "segments",
         "config": asdict(config),
         "model": {"id": loaded.model_id, "weights_sha256": loaded.weights_sha256},
-        "dataset_fingerprint": fingerprint,
+        "dataset_fingerprint": printed,
         "examples": records,
         "methods": {
             spec: {
