@@ -101,13 +101,19 @@ class Official:
         return np.stack(monotonic_embs)
 
 
-def official_row(loaded, ids_N, ref_N, position, label, steps, strategy, k) -> torch.Tensor:
-    """One example's DIG row: official paths, then the gradient at each point, one at a time."""
-    lookup = loaded.model.get_input_embeddings()
-    features = lookup.weight.detach().numpy()
+def official_paths(loaded, k: int) -> Official:
+    """The official path finder over the model's vocabulary (its neighbour graph, built once)."""
+    features = loaded.model.get_input_embeddings().weight.detach().numpy()
     tokenizer = loaded.tokenizer
     specials = {t for t in (tokenizer.cls_token_id, tokenizer.sep_token_id) if t is not None}
-    official = Official(features, min(k, features.shape[0] - 1), specials)
+    return Official(features, min(k, features.shape[0] - 1), specials)
+
+
+def official_row(
+    loaded, official: Official, ids_N, ref_N, position, label, steps, strategy
+) -> torch.Tensor:
+    """One example's DIG row: official paths, then the gradient at each point, one at a time."""
+    lookup = loaded.model.get_input_embeddings()
     paths = [
         official.make_monotonic_path(official.find_word_path(w, r, steps, strategy), r, steps)
         for w, r in zip(ids_N.tolist(), ref_N.tolist(), strict=True)
@@ -147,6 +153,7 @@ def test_dig_equals_the_official_code(loaded64, settings):
     method = DiscretizedIntegratedGradients().configure(settings)
     rows_BN = method.attribute(trace).aggregated_BLN[:, 0]
     pad = loaded64.tokenizer.pad_token_id
+    official = official_paths(loaded64, method.params["neighbours"])
     for row in range(len(texts)):
         real_N = trace.batch.attention_mask_BN[row].bool()
         ids_N = trace.batch.input_ids_BN[row][real_N]
@@ -155,13 +162,13 @@ def test_dig_equals_the_official_code(loaded64, settings):
         position = int(real_N[: trace.target_positions_B[row]].sum())
         expected = official_row(
             loaded64,
+            official,
             ids_N,
             ref_N,
             position,
             int(trace.target_classes_B[row]),
             method.params["steps"],
             method.params["strategy"],
-            method.params["neighbours"],
         )
         torch.testing.assert_close(rows_BN[row][real_N].double(), expected, rtol=1e-7, atol=1e-10)
 

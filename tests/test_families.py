@@ -17,7 +17,7 @@ from helpers import (
     full_trace,
     randomize_norms_and_biases,
 )
-from test_conformance import FEWER_SAMPLES, builtin_names
+from test_conformance import FEWER_EVALUATOR_SAMPLES, FEWER_SAMPLES, builtin_names
 from test_position_ids import model_position_ids
 
 from attrib_bench.core.loaded_model import LoadedModel
@@ -228,4 +228,6 @@ def test_every_builtin_evaluator_conforms(kit_family):
         pytest.skip("checked by tests/test_conformance.py on the kit's own model")
     registry = load_registry()
     for name in builtin_names("evaluators"):
-        check_evaluator(registry.evaluator(name), families=(kit_family,))
+        check_evaluator(
+            registry.evaluator(FEWER_EVALUATOR_SAMPLES.get(name, name)), families=(kit_family,)
+        )

@@ -493,6 +493,7 @@ def test_a_failing_method_leaves_the_others(run_cli, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("smollm2")  # one worker dequantises it (conftest.py)
 def test_smollm2_cached_leave_one_out(smollm2_session):
     _, loaded = smollm2_session
     example = SegmentExample(
