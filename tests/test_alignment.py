@@ -68,12 +68,50 @@ def test_inn_recovers_a_nonlinear_bijection_best(seed):
     scores = fit_alignments(*_split(x, g(x)), seed=seed)
     assert list(scores) == ["linear", "mlp", "inn"]
     mse = {name: s["mse"] for name, s in scores.items()}
-    # measured (least-squares starts, seeds 0-3): inn 0.049-0.068, mlp 0.13-0.16 (inn/mlp
-    # 0.35-0.41), linear 0.28-0.31 (R^2 ~0.70)
+    # measured (least-squares starts, seeds 0-2): inn 0.084-0.097, mlp 0.13-0.15, linear
+    # 0.28-0.31 (R^2 ~0.70); the RealNVP block of one pair of couplings before had 0.049-0.068
+    # here, on the coordinates it was built for, and R^2 0.50 on a rotation (below)
     assert mse["inn"] < mse["mlp"] < mse["linear"], scores
-    assert mse["inn"] < 0.75 * mse["mlp"], scores
-    assert scores["linear"]["r2"] < 0.85, scores
-    assert scores["inn"]["r2"] > 0.9, scores
+    assert mse["inn"] < 0.5 * mse["linear"], scores
+    assert scores["linear"]["r2"] < 0.85 < scores["inn"]["r2"], scores
+
+
+@pytest.mark.parametrize("kind", ["rotation", "invertible"])
+def test_inn_holds_every_invertible_linear_map(kind):
+    """Ren et al.'s INN must contain the linear bijections it is compared with: a random
+    rotation and a random (non-orthogonal) invertible map, d = 32 from 3,000 fit rows, held-out
+    R^2 >= 0.99 (one RealNVP block of two couplings reached 0.50 on the rotation)."""
+    pytest.importorskip("FrEIA")
+    d = 32
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(4000, d, generator=gen)
+    matrix = _orthogonal(d, 7) if kind == "rotation" else torch.randn(d, d, generator=gen)
+    y = x @ matrix + torch.randn(d, generator=gen)
+    scores = fit_alignments(x[:3000], y[:3000], x[3000:], y[3000:], seed=0, maps=("inn",),
+                            max_epochs=2)  # fmt: skip
+    assert scores["inn"]["r2"] >= 0.99, scores
+
+
+def test_invertible_linear_layer_is_the_matrix_it_is_set_to():
+    """The LU form reproduces any invertible A (a permutation needed, a negative determinant),
+    its inverse undoes it, and its log-determinant is log |det A| (float64)."""
+    pytest.importorskip("FrEIA")
+    from attrib_bench.analyses.invertible_maps import InvertibleLinear
+
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randn(6, 6, generator=gen, dtype=torch.float64)
+    a[0, 0] = 0.0  # no LU without pivoting
+    a[:, [1, 2]] = a[:, [2, 1]]
+    b = torch.randn(6, generator=gen, dtype=torch.float64)
+    layer = InvertibleLinear([(6,)]).double()
+    layer.set_matrix(a, b)
+    x = torch.randn(5, 6, generator=gen, dtype=torch.float64)
+    (y,), log_det = layer([x])
+    torch.testing.assert_close(y, x @ a + b, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(log_det, torch.linalg.slogdet(a).logabsdet.expand(5))
+    (back,), minus = layer([y], rev=True)
+    torch.testing.assert_close(back, x, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(minus, -log_det)
 
 
 def test_same_seed_same_numbers_and_caller_rng_untouched():
@@ -149,16 +187,16 @@ def test_missing_freia_is_a_one_line_usage_error(monkeypatch):
 
 def test_inn_map_is_invertible():
     pytest.importorskip("FrEIA")
-    from attrib_bench.analyses.alignment import _INN
+    from attrib_bench.analyses.invertible_maps import GlowINN
 
     torch.manual_seed(0)
-    net = _INN(8, hidden=16, blocks=2, clamp=2.0)
+    net = GlowINN(8, hidden=16, blocks=2, clamp=2.0).double()
     for p in net.parameters():  # leave the identity init, so the check is not trivial
         torch.nn.init.normal_(p, std=0.3)
-    x = torch.randn(20, 8)
+    x = torch.randn(20, 8, dtype=torch.float64)
     y = net(x)
     assert not torch.allclose(y, x)
-    assert torch.allclose(net.inverse(y), x, atol=1e-4)
+    torch.testing.assert_close(net.inverse(y), x, rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize(
