@@ -303,3 +303,28 @@ def test_the_gguf_bos_flag_is_what_the_tokenizer_does(smollm2):
     finally:
         set_add_bos(tokenizer, False, "smollm2")
     assert tokenizer("The cat")["input_ids"] == [504, 2644]
+
+
+def test_a_model_without_a_type_vocabulary_gets_no_token_types(tiny_bert, tmp_path):
+    """GPT-2 adds wte(token_type_ids) when given them: with a BERT tokenizer's types (1 on a
+    pair's second text) that adds the embeddings of words 0 and 1 to every token. A family
+    without ``type_vocab_size`` gets none, so its logits are those of the ids alone."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    assert "token_type_ids" in tokenizer("a", "b")
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=16, n_layer=1, n_head=2))
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path), "cpu", architectures=ARCHITECTURES)
+    batch = _batch(loaded, ["the film was good", "a dull movie"])
+    assert batch.token_type_ids_BN is None
+    pair = loaded.tokenizer("the film", "was good", return_tensors="pt")
+    assert "token_type_ids" not in pair
+    with torch.no_grad():
+        ours = loaded.model(**pair).logits
+        ids_alone = loaded.model(input_ids=pair["input_ids"]).logits
+    torch.testing.assert_close(ours, ids_alone)
+    bert = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
+    assert "token_type_ids" in bert.tokenizer("a", "b")  # a type vocabulary keeps them

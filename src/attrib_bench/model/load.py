@@ -382,6 +382,10 @@ def load_model(
         tokenizer.pad_token = tokenizer.eos_token
     if language_model:  # a long prefix keeps its end: the position whose next token is explained
         tokenizer.truncation_side = "left"
+    if not hasattr(model.config, "type_vocab_size"):
+        # No segment vocabulary: GPT-2 would look a tokenizer's types up as words (wte(0), wte(1)).
+        names = tokenizer.model_input_names
+        tokenizer.model_input_names = [name for name in names if name != "token_type_ids"]
     fresh_head = bool(info.get("missing_keys"))
     if fresh_head and warn_fresh_head:
         generates = language_model or seq2seq
