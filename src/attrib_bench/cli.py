@@ -383,8 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     similar.add_argument(
         "--maps",
-        help="learned maps, comma-separated: linear,mlp,inn (default: all; inn skipped, with a "
-        "warning, without FrEIA)",
+        help="learned maps, comma-separated: linear,mlp,inn (default: these; inn skipped, with "
+        "a warning, without FrEIA) or bert-inn (the released configuration)",
     )
     similar.add_argument("--debiased", action="store_true", help="add debiased linear CKA")
     similar.add_argument(

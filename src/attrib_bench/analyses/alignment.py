@@ -71,9 +71,14 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from attrib_bench.analyses.bert_inn import BertINN, released_init, train_released
 from attrib_bench.core.errors import UsageError
 
 MAPS = ("linear", "mlp", "inn")
+#: Also fitted when named: the released BERT-INN configuration (``bert_inn``), its own training.
+OPTIONAL_MAPS = ("bert-inn",)
+#: The maps that must be bijective, so need equal widths.
+INVERTIBLE_MAPS = ("inn", "bert-inn")
 #: Where the INN starts: the least-squares solution where invertible, or the identity.
 INN_STARTS = ("least-squares", "identity")
 #: The cosine schedule ends at this share of the starting learning rate.
@@ -178,19 +183,25 @@ def _build(name: str, d_x: int, d_y: int, hidden: int, inn_blocks: int, inn_clam
         return nn.Linear(d_x, d_y)
     if name == "mlp":
         return _Residual(d_x, d_y, hidden)
-    if name == "inn":
+    if name in INVERTIBLE_MAPS:
         if d_x != d_y:
             raise UsageError(
-                f"the 'inn' alignment map needs equal widths (an invertible map), got d_x={d_x} "
-                f"and d_y={d_y}; use the 'linear' or 'mlp' map for this pair"
+                f"the {name!r} alignment map needs equal widths (an invertible map), got "
+                f"d_x={d_x} and d_y={d_y}; use the 'linear' or 'mlp' map for this pair"
             )
         if d_x < 2:
-            raise UsageError("the 'inn' alignment map needs at least 2 features to couple")
+            raise UsageError(f"the {name!r} alignment map needs at least 2 features to couple")
+    if name == "bert-inn":
+        model = BertINN(d_x, hidden)
+        released_init(model)
+        return model
+    if name == "inn":
         import_freia()
         from attrib_bench.analyses.invertible_maps import GlowINN
 
         return GlowINN(d_x, hidden, inn_blocks, inn_clamp)
-    raise UsageError(f"unknown alignment map {name!r}; valid choices: {', '.join(MAPS)}")
+    choices = MAPS + OPTIONAL_MAPS
+    raise UsageError(f"unknown alignment map {name!r}; valid choices: {', '.join(choices)}")
 
 
 def train_map(
@@ -273,11 +284,13 @@ def _check_inputs(x_train, y_train, x_test, y_test, maps: Sequence[str]) -> None
         raise UsageError("train and test splits must have the same feature widths")
     if x_train.shape[0] < 4 or x_test.shape[0] < 2:
         raise UsageError("alignment needs at least 4 training rows and 2 held-out rows")
+    choices = MAPS + OPTIONAL_MAPS
     for name in maps:
-        if name not in MAPS:
-            raise UsageError(f"unknown alignment map {name!r}; valid choices: {', '.join(MAPS)}")
-    if "inn" in maps and x_train.shape[1] != y_train.shape[1]:
-        _build("inn", x_train.shape[1], y_train.shape[1], 1, 1, 1.0)  # raises the width error
+        if name not in choices:
+            raise UsageError(f"unknown alignment map {name!r}; valid choices: {', '.join(choices)}")
+    for name in INVERTIBLE_MAPS:
+        if name in maps and x_train.shape[1] != y_train.shape[1]:
+            _build(name, x_train.shape[1], y_train.shape[1], 1, 1, 1.0)  # the width error
 
 
 def fit_alignments(
@@ -304,7 +317,8 @@ def fit_alignments(
     MLP's and the INN subnetworks' width (default 4 * max(d_x, d_y), as 768 -> 3072 officially).
     The linear map and the MLP's affine part start at the least-squares solution on the fit rows,
     the INN there too where it is invertible, else at the identity (``inn_start="identity"``:
-    always; module docstring). ``inn_blocks``: GLOW blocks of the INN.
+    always; module docstring). ``inn_blocks``: GLOW blocks of the INN. ``bert-inn`` (named
+    only) is the released BERT-INN, with its own start and schedule (``bert_inn``).
     Runs on the tensors' device; every map gets the same seed, so each is reproducible alone.
     """
     maps = tuple(maps)
@@ -328,6 +342,11 @@ def fit_alignments(
         for name in maps:
             torch.manual_seed(seed)
             model = _build(name, d_x, d_y, width, inn_blocks, inn_clamp).to(device, dtype)
+            if name == "bert-inn":  # the released start and schedule, no early stopping
+                train_released(model, [(x_train[fit_idx], y_train[fit_idx])])
+                with torch.no_grad():
+                    results[name] = _scores(model(x_test), y_test)
+                continue
             if name != "inn" or inn_start == "least-squares":
                 _linear_start(model, x_train[fit_idx], y_train[fit_idx])
             train_map(

@@ -37,6 +37,8 @@ from attrib_bench.core.errors import UsageError, unknown_choice
 
 MEASURES = ("linear_cka", "rbf_cka", "svcca", "pwcca", "procrustes", "linreg_r2")
 LEARNED_MAPS = ("linear", "mlp", "inn")
+#: Also fitted when ``--maps`` names them: the released BERT-INN (its own start and schedule).
+NAMED_MAPS = (*LEARNED_MAPS, "bert-inn")
 TRAIN_SHARE = 0.7
 GRAM_MEASURES = ("rbf_cka", "linear_cka_debiased")  # the measures that build n x n Grams
 # An n x n float64 Gram is 8 n^2 bytes: 128 MB at 4000 rows. RBF CKA holds about eight such
@@ -393,8 +395,8 @@ def resolve_maps(config: SimilarityConfig) -> dict[str, str]:
         if not config.maps:
             raise UsageError(f"--maps needs at least one of {', '.join(LEARNED_MAPS)}")
         for name in config.maps:
-            if name not in LEARNED_MAPS:
-                raise unknown_choice("alignment map", name, LEARNED_MAPS)
+            if name not in NAMED_MAPS:
+                raise unknown_choice("alignment map", name, NAMED_MAPS)
         if "inn" in config.maps:
             import_freia()
         return {}
@@ -476,13 +478,15 @@ def _unequal_widths(
     invertible map needs equal widths): the default maps skip it for this pair with a warning,
     ``--maps`` naming it is a UsageError."""
     dx, dy = fx.layers[0].shape[1], fy.layers[0].shape[1]
-    if not config.learned or "inn" not in _maps(config) or dx == dy:
+    bijective = [m for m in ("inn", "bert-inn") if m in _maps(config)]
+    if not config.learned or not bijective or dx == dy:
         return {}
-    why = f"the 'inn' map needs equal widths (an invertible map): {x} has {dx}, {y} {dy}"
+    named = " and ".join(bijective)
+    why = f"the {named} map needs equal widths (an invertible map): {x} has {dx}, {y} {dy}"
     if asked:
-        raise UsageError(f"{why}; leave inn out of --maps for models of different widths")
+        raise UsageError(f"{why}; leave {named} out of --maps for models of different widths")
     console.warn(f"{why}; it is skipped for this pair, the other maps and measures run")
-    return {"inn": why}
+    return dict.fromkeys(bijective, why)
 
 
 def _random_name(model: str, seed: int) -> str:
