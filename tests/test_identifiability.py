@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
+from scipy import stats
 
 from attrib_bench.analyses.identifiability import (
     IdentifiabilityConfig,
+    fold_splits,
     identification_rate,
+    summarize_rates,
     train_map,
 )
 
@@ -91,3 +95,43 @@ def test_bad_folds_is_a_usage_error(tiny_bert, run_cli, tmp_path):
         "identifiability", "--model", tiny_bert, "--folds", "0", "--output-dir", tmp_path
     )
     assert code == 2 and "--folds" in err
+
+
+@pytest.mark.parametrize(("count", "folds"), [(408, 10), (31, 4), (20, 7)])
+def test_kfold_tests_every_sentence_once(count, folds):
+    """A true K-fold partition: the test folds are disjoint, cover every sentence, and differ in
+    size by at most one; in each fold train, validation and test are a partition, with
+    validation 15/85 of the non-test sentences (70/15/15 where a test fold is 15%)."""
+    splits = fold_splits(count, folds, "kfold", seed=3)
+    tests = [set(test) for _, _, test in splits]
+    assert len(splits) == folds
+    assert set().union(*tests) == set(range(count))
+    assert sum(len(t) for t in tests) == count
+    assert max(map(len, tests)) - min(map(len, tests)) <= 1
+    for train, validation, test in splits:
+        assert sorted(train + validation + test) == list(range(count))
+        assert abs(len(validation) - 0.15 / 0.85 * (count - len(test))) <= 1
+    assert splits == fold_splits(count, folds, "kfold", seed=3)
+    assert splits != fold_splits(count, folds, "kfold", seed=4)
+
+
+def test_repeated_splits_are_independent_70_15_15_draws():
+    splits = fold_splits(100, 3, "repeated", seed=0)
+    assert [tuple(map(len, split)) for split in splits] == [(70, 15, 15)] * 3
+    assert len({tuple(test) for _, _, test in splits}) == 3
+    assert set(splits[0][2]) & set(splits[1][2])  # test sets may overlap
+
+
+def test_rates_carry_a_t_interval_over_folds():
+    values = [0.61, 0.64, 0.58, 0.66, 0.6]
+    (row,) = summarize_rates({"linear-l2": [values]})["linear-l2"]
+    low, high = stats.t.interval(0.95, len(values) - 1, loc=row["mean"], scale=stats.sem(values))
+    assert row["ci95"] == pytest.approx([low, high], rel=1e-12)
+    assert row["folds"] == 5
+
+
+def test_kfold_with_one_fold_is_a_usage_error(tiny_bert, run_cli, tmp_path):
+    code, _, err = run_cli(
+        "identifiability", "--model", tiny_bert, "--folds", "1", "--output-dir", tmp_path
+    )
+    assert code == 2 and "--fold-scheme kfold needs --folds of at least 2" in err

@@ -245,6 +245,27 @@ def test_hta_matches_the_real_models_float64_jacobian(tiny, norm):
         tiny.model.float()
 
 
+@pytest.mark.parametrize("chunk_size", [7, 256])
+def test_forward_and_reverse_mode_give_the_same_frobenius_contributions(tiny, chunk_size):
+    """Forward mode (a Jacobian-vector product per input coordinate, every layer and target at
+    once) and reverse mode (per layer and target) are the same Frobenius shares, in float64,
+    whatever the chunks (7 does not divide n x D); ``auto`` picks forward for every target."""
+    tiny.model.double()
+    try:
+        trace = full_trace(tiny, examples(["the food was not good at all"]))
+        n = trace.batch.lengths[0]
+        x_ND = trace.hidden_states[0][0, :n]
+        every = range(n)
+        forward = contributions(tiny, x_ND, targets=every, chunk_size=chunk_size, mode="forward")
+        reverse = contributions(tiny, x_ND, targets=every, chunk_size=chunk_size, mode="reverse")
+        torch.testing.assert_close(forward, reverse, rtol=1e-10, atol=1e-13)
+        assert forward.shape == (trace.num_layers, n, n)
+        some = contributions(tiny, x_ND, targets=(2, 0), mode="forward")
+        torch.testing.assert_close(some, reverse[:, [2, 0]], rtol=1e-10, atol=1e-13)
+    finally:
+        tiny.model.float()
+
+
 def test_layerwise_reference_compares_layer_by_layer(tiny_bert, run_cli, tmp_path):
     """Each score is scipy's Spearman of the method's layer l with the reference's layer l.
 

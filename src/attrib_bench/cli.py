@@ -355,6 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_options(ident)
     ident.add_argument("--max-length", type=int, default=128)
     ident.add_argument("--folds", type=int, default=10, help="sentence-level splits (paper: 10)")
+    ident.add_argument(
+        "--fold-scheme",
+        choices=("kfold", "repeated"),
+        default="kfold",
+        help="kfold: every sentence tested once; repeated: an independent 70/15/15 split per fold",
+    )
     ident.add_argument("--learning-rates", type=_floats, help="grid (default: 3e-3 ... 3e-6)")
     ident.add_argument("--max-epochs", type=int, default=1000)
     ident.add_argument("--patience", type=int, default=20, help="early-stopping epochs")
@@ -812,6 +818,7 @@ def _identifiability(args: argparse.Namespace, out: Console) -> int:
         limit=args.limit,
         max_length=args.max_length,
         folds=args.folds,
+        fold_scheme=args.fold_scheme,
         max_epochs=args.max_epochs,
         patience=args.patience,
         hta_limit=args.hta_limit,

@@ -2,7 +2,8 @@
 
 ``attrib-bench identifiability``: for every layer l = 0..L, can the hidden state e_i^l be mapped
 back to its own input embedding x_i (the embedding output, ``hidden_states[0]``)? The protocol of
-docs/math/identifiability.md, eq. (6): sentence-level 70/15/15 splits repeated over folds; the naive
+docs/math/identifiability.md, eq. (6): sentence-level K-fold test partitions (or repeated 70/15/15
+splits), each fold's other sentences split into training and validation; the naive
 baseline (no map) and four learned maps (linear / MLP with 1000 GELU units, trained with an L2 or
 a cosine loss: Adam, betas 0.9/0.999, batch 256, Glorot-uniform init, early stopping after
 ``patience`` epochs without validation improvement, the learning rate chosen on validation loss
@@ -22,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from scipy import stats
 from torch import nn
 
 from attrib_bench.core import console
@@ -35,6 +37,11 @@ from attrib_bench.model.trace import trace_batch
 from attrib_bench.toolkit.token_contributions import contributions
 
 LEARNING_RATES = (3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5, 3e-6)
+#: ``kfold``: the sentences partitioned into ``folds`` test folds, each used once; ``repeated``:
+#: an independent seeded 70/15/15 split per fold (test sets may overlap).
+FOLD_SCHEMES = ("kfold", "repeated")
+#: The share of a fold's non-test sentences that validates (early stopping, learning rate).
+VALIDATION_SHARE = 0.15 / 0.85
 MAPS = ("linear-l2", "linear-cosine", "mlp-l2", "mlp-cosine")
 
 
@@ -48,6 +55,7 @@ class IdentifiabilityConfig:
     limit: int | None = None
     max_length: int = 128
     folds: int = 10
+    fold_scheme: str = "kfold"
     learning_rates: tuple[float, ...] = LEARNING_RATES
     max_epochs: int = 1000
     patience: int = 20
@@ -156,6 +164,35 @@ def _tokens(sentences: list[torch.Tensor], indices: list[int], layer: int) -> tu
     )
 
 
+def fold_splits(
+    count: int, folds: int, scheme: str, seed: int
+) -> list[tuple[list[int], list[int], list[int]]]:
+    """Per fold, its (train, validation, test) sentence indices. ``kfold``: one seeded order cut
+    into ``folds`` test folds of sizes differing by at most one, every sentence tested once;
+    the rest of each fold split seeded per fold, ``VALIDATION_SHARE`` validating (so 70/15/15
+    of all where a test fold is 15%). ``repeated``: per fold its own seeded 70/15/15 split."""
+    if scheme not in FOLD_SCHEMES:
+        raise UsageError(f"fold scheme must be one of {', '.join(FOLD_SCHEMES)}, got {scheme!r}")
+    splits = []
+    if scheme == "repeated":
+        for fold in range(folds):
+            order = list(range(count))
+            random.Random(seed + fold).shuffle(order)
+            cut1, cut2 = int(0.7 * count), int(0.85 * count)
+            splits.append((order[:cut1], order[cut1:cut2], order[cut2:]))
+        return splits
+    order = list(range(count))
+    random.Random(seed).shuffle(order)
+    bounds = [count * fold // folds for fold in range(folds + 1)]
+    for fold in range(folds):
+        test = order[bounds[fold] : bounds[fold + 1]]
+        rest = order[: bounds[fold]] + order[bounds[fold + 1] :]
+        random.Random(seed + 1 + fold).shuffle(rest)
+        cut = max(1, round(VALIDATION_SHARE * len(rest)))
+        splits.append((rest[cut:], rest[:cut], test))
+    return splits
+
+
 def identifiability(loaded: LoadedModel, sentences: list, config: IdentifiabilityConfig) -> dict:
     """Per layer and fold: naive and learned-map identification rates on held-out sentences."""
     layers = sentences[0].shape[0]
@@ -166,11 +203,8 @@ def identifiability(loaded: LoadedModel, sentences: list, config: Identifiabilit
     total = config.folds * layers * len(MAPS) * len(config.learning_rates)
     with console.progress() as bar:
         task = bar.add_task("training maps", total=total)
-        for fold in range(config.folds):
-            order = list(range(len(sentences)))
-            random.Random(config.seed + fold).shuffle(order)
-            cut1, cut2 = int(0.7 * len(order)), int(0.85 * len(order))
-            train, validation, test = order[:cut1], order[cut1:cut2], order[cut2:]
+        splits = fold_splits(len(sentences), config.folds, config.fold_scheme, config.seed)
+        for train, validation, test in splits:
             test_inputs = [sentences[i][0] for i in test]
             for layer in range(layers):
                 states = [sentences[i][layer] for i in test]
@@ -231,15 +265,26 @@ def hta_analysis(loaded: LoadedModel, sentences: list, config: IdentifiabilityCo
 
 
 def summarize_rates(rates: dict[str, list[list[float]]]) -> dict[str, list[dict]]:
+    """Per map and layer: the mean over folds, their standard deviation and Student's t 95%
+    interval of the mean (NaN from one fold). K-fold estimates share training sentences, so
+    the interval treats correlated folds as independent: read it as a spread, not a test."""
     out = {}
     for name, per_layer in rates.items():
         rows = []
         for values in per_layer:
-            tensor = torch.tensor(values)
+            tensor = torch.tensor(values, dtype=torch.float64)
+            mean = float(tensor.mean())
+            std = float(tensor.std()) if len(values) > 1 else 0.0
+            half = (
+                float(stats.t.ppf(0.975, len(values) - 1)) * std / math.sqrt(len(values))
+                if len(values) > 1
+                else math.nan
+            )
             rows.append(
                 {
-                    "mean": float(tensor.mean()),
-                    "std": float(tensor.std()) if len(values) > 1 else 0.0,
+                    "mean": mean,
+                    "std": std,
+                    "ci95": [mean - half, mean + half],
                     "folds": len(values),
                 }
             )
@@ -285,10 +330,19 @@ def run_identifiability(
     model families known (``Registry.architecture_specs()``)."""
     if config.folds < 1 or config.max_epochs < 1 or config.patience < 1:
         raise UsageError("--folds, --max-epochs and --patience must be at least 1")
+    if config.fold_scheme == "kfold" and config.folds < 2:
+        raise UsageError("--fold-scheme kfold needs --folds of at least 2")
+    if config.fold_scheme not in FOLD_SCHEMES:
+        raise UsageError(f"--fold-scheme must be one of {', '.join(FOLD_SCHEMES)}")
     loaded = load_model(config.model, config.device, architectures=architectures)
     data, sentences = sentence_states(loaded, config)
     if len(sentences) < 7:
         raise UsageError(f"identifiability needs at least 7 sentences, got {len(sentences)}")
+    if config.fold_scheme == "kfold" and config.folds > len(sentences) // 2:
+        raise UsageError(
+            f"--folds {config.folds} leaves test folds of fewer than 2 of the "
+            f"{len(sentences)} sentences"
+        )
     learned = identifiability(loaded, sentences, config)
     report = {
         "config": asdict(config),
