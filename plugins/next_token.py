@@ -8,6 +8,12 @@ tokens belong to no word and are left out. Ties rank pessimistically: every othe
 at least as high as the evidence ranks before it, so a constant row gets 1 / (number of words),
 the worst, and a method cannot gain from giving many words one score. Scored for every layer of
 both kinds (no model call); an example without rationale words among those it holds is NaN.
+
+``mrr:unit=token,rank=dense`` is the published figures' own protocol (Ferrando et al.'s
+notebook and ``lm_saliency.py``; docs/next-token.md): every prefix token of a word ranked alone,
+rank = n - (dense rank of its score among the n tokens) + 1 (scipy's ``rankdata(..., 'dense')``;
+equal scores share a rank, so with ties the top score's rank exceeds 1), and the best-ranked
+token of the evidence word counts.
 """
 
 from __future__ import annotations
@@ -15,9 +21,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy import stats
 
 import attrib_bench
-from attrib_bench import Attribution, EvalContext, UsageError
+from attrib_bench import Attribution, Configurable, EvalContext, UsageError
 from attrib_bench.data.rationales import word_scores
 
 
@@ -29,7 +36,16 @@ def reciprocal_rank(scores: np.ndarray, evidence: np.ndarray) -> float:
     return 1.0 / (1 + int((scores[~evidence] >= best).sum()))
 
 
-class Mrr:
+def dense_reciprocal_rank(scores: np.ndarray, evidence: np.ndarray) -> float:
+    """1 / the best rank of an evidence token, rank = n - dense rank + 1 (the published
+    notebook's); NaN without evidence."""
+    if not evidence.any():
+        return math.nan
+    ranks = len(scores) - stats.rankdata(scores, method="dense") + 1
+    return 1.0 / float(ranks[evidence].min())
+
+
+class Mrr(Configurable):
     """The reciprocal rank of the evidence word among the prefix words, per layer.
 
     Reference: Ferrando et al. 2023, "Explaining How Transformers Use Context to Build
@@ -41,6 +57,14 @@ class Mrr:
     needs_reference = False
     in_default_run = False
     family = "plausibility"
+    parameters = {"unit": "word", "rank": "pessimistic"}
+    choices = {"unit": ("word", "token"), "rank": ("pessimistic", "dense")}
+    parameter_docs = {
+        "unit": "word: a word's score is the sum of its pieces', words ranked; token: every "
+        "prefix token of a word ranked alone, the evidence word's best token counts",
+        "rank": "pessimistic: every other unit scoring at least as high ranks before; dense: "
+        "n - scipy's dense rank + 1, the published notebook's rule",
+    }
 
     def score(self, attribution: Attribution, context: EvalContext) -> dict[str, np.ndarray]:
         batch = context.trace.batch
@@ -63,9 +87,15 @@ class Mrr:
                     continue
                 evidence = np.asarray(example.rationale, dtype=bool)
                 word_ids = batch.word_ids_BN[b].numpy()
+                inside = word_ids >= 0  # tokens of a word: special tokens and padding are not
+                rank = dense_reciprocal_rank if self.params["rank"] == "dense" else reciprocal_rank
                 for layer, row in enumerate(rows_BLN[b]):
-                    pooled, visible = word_scores(row, word_ids, len(evidence))
-                    out_LB[layer, b] = reciprocal_rank(pooled[visible], evidence[visible])
+                    if self.params["unit"] == "token":
+                        marked = evidence[word_ids[inside]]
+                        out_LB[layer, b] = rank(row[inside], marked)
+                    else:
+                        pooled, visible = word_scores(row, word_ids, len(evidence))
+                        out_LB[layer, b] = rank(pooled[visible], evidence[visible])
             scores[kind] = out_LB
         return scores
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import SHARED_DATA
+from scipy import stats
 
 from attrib_bench.core.errors import UsageError
 from attrib_bench.core.interfaces import Attribution, Batch, EvalContext, Example
@@ -264,6 +265,51 @@ def test_mrr_by_hand():
     np.testing.assert_allclose(scores["aggregated"], expected)
     # local (layer 1 reversed): sum: b = 0.8 > c = 0.3; tie: x = y = 0 < z; two: h = 0.9 first
     np.testing.assert_allclose(scores["local"], [[1 / 2, 1 / 3, math.nan, 1]])
+
+
+def notebook_mrr(scores_N: np.ndarray, evidence_N: np.ndarray) -> float:
+    """Ferrando et al.'s rule as their notebook writes it: ranks n - rankdata(dense) + 1 over
+    the prefix tokens, the best-ranked evidence token's reciprocal."""
+    ranks = len(scores_N) - stats.rankdata(scores_N, "dense") + 1
+    return 1 / min(ranks[i] for i in np.flatnonzero(evidence_N))
+
+
+def test_token_dense_mrr_is_the_published_notebooks():
+    """Tokens ranked alone (the evidence word's best piece counts) with the notebook's dense
+    rule, whose ties lift the top rank above 1: checked against it, and against numbers."""
+    examples = [
+        Example("pieces", "a b c d", rationale=(0, 1, 0, 0)),  # b has two pieces
+        Example("ties", "x y z", rationale=(0, 0, 1)),
+        Example("special", "p q", rationale=(1, 0)),  # -1: a special token, never ranked
+    ]
+    word_ids = [[0, 1, 1, 2, 3], [0, 1, 2, -1, -1], [-1, 0, 1, -1, -1]]
+    rows_BLN = torch.tensor(
+        [
+            [[0.1, 0.2, 0.7, 0.5, 0.3]],
+            [[0.4, 0.4, 0.1, 0.0, 0.0]],
+            [[9.0, 0.3, 0.5, 0.0, 0.0]],
+        ]
+    )
+    mrr = Mrr().configure({"unit": "token", "rank": "dense"})
+    got = mrr.score(Attribution(aggregated_BLN=rows_BLN), _context(examples, word_ids))
+    # pieces: b's second piece (0.7) is the top token; ties: 0.4, 0.4, 0.1 have dense ranks
+    # 2, 2, 1 of n = 3, so z ranks 3 - 1 + 1 = 3; special: p (0.3) is below q (0.5), rank 2
+    np.testing.assert_allclose(got["aggregated"], [[1.0, 1 / 3, 1 / 2]])
+    for b, example in enumerate(examples):
+        ids = np.array(word_ids[b])
+        inside = ids >= 0
+        evidence = np.array(example.rationale, dtype=bool)[ids[inside]]
+        expected = notebook_mrr(rows_BLN[b, 0].numpy()[inside], evidence)
+        assert got["aggregated"][0, b] == pytest.approx(expected)
+    # The word-level default on the same rows: b = 0.2 + 0.7 ranks first too, z last of three.
+    words = Mrr().score(Attribution(aggregated_BLN=rows_BLN), _context(examples, word_ids))
+    np.testing.assert_allclose(words["aggregated"], [[1.0, 1 / 3, 1 / 2]])
+    # Where the rules part: ties. Pessimistic ranks the evidence second (one other at 0.5);
+    # dense gives 0.5 the dense rank 2 of n = 4 tokens, so rank 4 - 2 + 1 = 3.
+    tied = Attribution(aggregated_BLN=torch.tensor([[[0.5, 0.5, 0.1, 0.1]]]))
+    context = _context([Example("t", "u v w x", rationale=(1, 0, 0, 0))], [[0, 1, 2, 3]])
+    assert Mrr().score(tied, context)["aggregated"][0, 0] == pytest.approx(1 / 2)
+    assert mrr.score(tied, context)["aggregated"][0, 0] == pytest.approx(1 / 3)
 
 
 def test_mrr_without_a_local_row_scores_the_aggregated_ones_only():
