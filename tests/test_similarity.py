@@ -592,3 +592,47 @@ def test_cca_measures_are_undefined_when_the_sentences_are_too_few():
     assert math.isnan(pwcca(x, y)) and math.isnan(svcca(x, y, keep=1.0))
     x, y = generator.normal(size=(400, 16)), generator.normal(size=(400, 16))
     assert 0 < pwcca(x, y) < 0.5 and 0 < svcca(x, y, keep=1.0) < 0.5
+
+
+def google_pwcca_transcription(acts1: np.ndarray, acts2: np.ndarray) -> float:
+    """google/svcca's compute_pwcca as written there (neurons as rows, ``np.cov`` on the stacked
+    activations, each covariance block divided by its largest entry, S^-1/2 from the pseudo-
+    inverse, the full SVD, ``dirns = u.T (acts - means) + means``, QR, weights on the raw
+    activations): an independent float64 transcription of its steps, not of our function."""
+    a1, a2 = acts1.T, acts2.T  # (neurons, datapoints)
+    d1 = a1.shape[0]
+    sigma = np.cov(a1, a2)
+    sxx, sxy, syx, syy = sigma[:d1, :d1], sigma[:d1, d1:], sigma[d1:, :d1], sigma[d1:, d1:]
+    xmax, ymax = np.max(np.abs(sxx)), np.max(np.abs(syy))
+    sxx, syy = sxx / xmax, syy / ymax
+    sxy, syx = sxy / np.sqrt(xmax * ymax), syx / np.sqrt(xmax * ymax)
+
+    def inv_sqrt(m):
+        w, v = np.linalg.eigh(np.linalg.pinv(m))
+        return v @ np.diag(np.sqrt(np.maximum(w, 0))) @ v.T
+
+    u, s, _ = np.linalg.svd(inv_sqrt(sxx) @ sxy @ inv_sqrt(syy))
+    means = a1.mean(axis=1, keepdims=True)
+    dirns = u.T @ (a1 - means) + means
+    p, _ = np.linalg.qr(dirns.T)
+    weights = np.sum(np.abs(p.T @ a1.T), axis=1)
+    weights = weights / np.sum(weights)
+    return float(np.sum(weights * np.abs(s)[: len(weights)]))
+
+
+def test_google_pwcca_is_the_official_codes_and_not_only_uncentred_weights():
+    """On features with large means (as mean-pooled hidden states) the official weights move
+    the score; with X centred and whitened (covariance I, mean 0) both conventions agree,
+    so what differs is the directions (no Sxx^-1/2) and the mean added back, not centring."""
+    rng = np.random.default_rng(4)
+    n, d1, d2 = 400, 6, 9
+    x = rng.standard_normal((n, d1)) @ rng.standard_normal((d1, d1)) + 3.0
+    y = np.hstack([x @ rng.standard_normal((d1, d1)), rng.standard_normal((n, d2 - d1))])
+    y = y + 0.5 * rng.standard_normal((n, d2)) - 2.0
+    google = pwcca(x, y, convention="google")
+    assert google == pytest.approx(google_pwcca_transcription(x, y), rel=1e-10, abs=1e-12)
+    assert pwcca(y, x, convention="google") == pytest.approx(google, rel=1e-10)  # narrower side
+    assert abs(google - pwcca(x, y)) > 1e-3
+    xc = x - x.mean(axis=0)
+    whitened = xc @ np.linalg.inv(np.linalg.cholesky(np.cov(xc.T)).T)
+    assert pwcca(whitened, y, convention="google") == pytest.approx(pwcca(whitened, y), abs=1e-10)

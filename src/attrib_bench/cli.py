@@ -400,6 +400,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--svcca-keep", type=float, default=0.9, help="SVCCA singular-value share (0.9)"
     )
     similar.add_argument(
+        "--pwcca-convention",
+        choices=("ours", "google"),
+        default="ours",
+        help="PWCCA's weights: ours (canonical variates on centred X) or google/svcca's code's",
+    )
+    similar.add_argument(
         "--max-gram-rows",
         type=int,
         default=4000,
@@ -854,6 +860,7 @@ def _similarity(args: argparse.Namespace, out: Console) -> int:
         debiased=args.debiased,
         rbf_threshold=args.rbf_threshold,
         svcca_keep=args.svcca_keep,
+        pwcca_convention=args.pwcca_convention,
         seed=args.seed,
         device=args.device,
         max_gram_rows=args.max_gram_rows or None,

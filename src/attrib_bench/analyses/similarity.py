@@ -172,15 +172,51 @@ def svcca(x: np.ndarray, y: np.ndarray, keep: float = 0.9) -> float:
     return float(correlations.mean()) if len(correlations) else float("nan")
 
 
-def pwcca(x: np.ndarray, y: np.ndarray) -> float:
+#: ``ours``: eq. (2) of docs/math/similarity.md; ``google``: google/svcca's ``compute_pwcca``.
+PWCCA_CONVENTIONS = ("ours", "google")
+
+
+def pwcca(x: np.ndarray, y: np.ndarray, convention: str = "ours") -> float:
     """PWCCA (Morcos et al. 2018): canonical correlations weighted by alpha_i = sum_j
-    |<h_i, x_j>|, h_i X's orthonormal canonical variates, x_j the centred columns of X."""
+    |<h_i, x_j>|, h_i X's orthonormal canonical variates, x_j the centred columns of X.
+    ``convention="google"``: the official code's weights instead (``pwcca_google``)."""
     _check(x, y)
+    if convention == "google":
+        return pwcca_google(x, y)
+    if convention != "ours":
+        raise ValueError(f"convention must be one of {PWCCA_CONVENTIONS}, got {convention!r}")
     correlations, variates = cca_correlations(x, y)
     weights = np.abs(variates.T @ _centred(x)).sum(axis=1)
     if not len(correlations) or weights.sum() <= 0:
         return float("nan")
     return float(np.sum(weights / weights.sum() * correlations))
+
+
+def _inverse_sqrt(s: np.ndarray) -> np.ndarray:
+    """S^-1/2 as the official code takes it: the symmetric square root of S's pseudo-inverse."""
+    values, vectors = np.linalg.eigh(np.linalg.pinv(s))
+    return (vectors * np.sqrt(np.clip(values, 0.0, None))) @ vectors.T
+
+
+def pwcca_google(x: np.ndarray, y: np.ndarray) -> float:
+    """google/svcca's ``compute_pwcca`` (docs/math/similarity.md, "PWCCA as google/svcca
+    computes it"): on the narrower model's side X, the left singular vectors U of
+    Sxx^-1/2 Sxy Syy^-1/2 (sample covariances), directions Xc U with neuron i's mean added to
+    direction i, orthonormalised by QR; weights a_i = sum_j |<p_i, x_j>| over X's raw
+    (uncentred) columns; sum_i a_i rho_i / sum_i a_i. NaN unless d_x < n (the code asserts it).
+    With non-zero means the score depends on the SVD's signs, which numpy's LAPACK fixes."""
+    if x.shape[1] > y.shape[1]:  # the official code indexes the wrong array here: its intent
+        x, y = y, x
+    n, d = x.shape
+    if d >= n:
+        return float("nan")
+    covariance = np.cov(np.hstack([x, y]).T)
+    sxx, sxy, syy = covariance[:d, :d], covariance[:d, d:], covariance[d:, d:]
+    u, correlations, _ = np.linalg.svd(_inverse_sqrt(sxx) @ sxy @ _inverse_sqrt(syy))
+    mean = x.mean(axis=0)
+    directions, _ = np.linalg.qr((x - mean) @ u + mean)
+    weights = np.abs(directions.T @ x).sum(axis=1)
+    return float(np.sum(weights / weights.sum() * np.abs(correlations[:d])))
 
 
 def procrustes_distance(x: np.ndarray, y: np.ndarray) -> float:
@@ -256,6 +292,8 @@ class SimilarityConfig:
     debiased: bool = False
     rbf_threshold: float = 1.0
     svcca_keep: float = 0.9
+    #: ``ours`` (eq. (2)) or ``google`` (google/svcca's weights, ``pwcca_google``).
+    pwcca_convention: str = "ours"
     seed: int = 0
     device: str = "auto"
     max_gram_rows: int | None = MAX_GRAM_ROWS  # None: no cap
@@ -430,7 +468,7 @@ def compare(
                 "linear_cka": linear_cka(x, y),
                 "rbf_cka": rbf_cka(xg, yg, config.rbf_threshold),
                 "svcca": svcca(x, y, config.svcca_keep),
-                "pwcca": pwcca(x, y),
+                "pwcca": pwcca(x, y, config.pwcca_convention),
                 "procrustes": procrustes_distance(x, y),
                 "linreg_r2": linreg_r2(x[train], y[train], x[test], y[test]),
             }
@@ -510,6 +548,8 @@ def run_similarity(
         )
     if not 0 < config.svcca_keep <= 1:
         raise UsageError(f"--svcca-keep must be in (0, 1], got {config.svcca_keep}")
+    if config.pwcca_convention not in PWCCA_CONVENTIONS:
+        raise unknown_choice("PWCCA convention", config.pwcca_convention, PWCCA_CONVENTIONS)
     if config.rbf_threshold <= 0:
         raise UsageError(f"--rbf-threshold must be positive, got {config.rbf_threshold}")
     if config.max_gram_rows is not None and config.max_gram_rows < 4:
