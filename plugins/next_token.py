@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import stats
 
 import attrib_bench
 from attrib_bench import Attribution, Configurable, EvalContext, UsageError
@@ -39,6 +38,8 @@ def reciprocal_rank(scores: np.ndarray, evidence: np.ndarray) -> float:
 def dense_reciprocal_rank(scores: np.ndarray, evidence: np.ndarray) -> float:
     """1 / the best rank of an evidence token, rank = n - dense rank + 1 (the published
     notebook's); NaN without evidence."""
+    from scipy import stats  # not at import: `attrib-bench list` loads every plugin
+
     if not evidence.any():
         return math.nan
     ranks = len(scores) - stats.rankdata(scores, method="dense") + 1
