@@ -83,6 +83,35 @@ def test_retraining_lowers_the_reconstruction_error(tiny_bert):
     assert "top 2 layers' pretraining init" in report["seed_varies"]
 
 
+def test_reinit_all_leaves_no_encoder_weight_of_the_original(tiny_bert):
+    """--reinit-top all: the embeddings and every layer re-initialised from the seed, so the
+    embedding output (layer 0) depends on the seed; re-training moves all of them and lowers
+    the error against the original's last hidden states."""
+    from attrib_bench.data.batches import make_batches
+    from attrib_bench.model.finetune import ALL_LAYERS, _train_data
+
+    config = FinetuneConfig(
+        model=str(tiny_bert), dataset="default", limit=64, batch_size=16, reinit_top=ALL_LAYERS
+    )
+    config = replace(config, reinit_steps=40, reinit_learning_rate=3e-3)
+    original = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
+    encoder = {n: p.detach().clone() for n, p in original.model.base_model.named_parameters()}
+    students = []
+    for seed in (0, 1):
+        loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
+        batches, _ = make_batches(_train_data(config).examples, loaded.tokenizer, 16, 128)
+        report = build_proxy(loaded, replace(config, seed=seed), batches, batches[:2])
+        assert report["reinit_mse_after"] < 0.8 * report["reinit_mse_before"], report
+        assert "every encoder weight's init (embeddings and all 3 layers)" in report["seed_varies"]
+        trained = dict(loaded.model.base_model.named_parameters())
+        moved = [n for n in encoder if n.startswith(("embeddings.", "encoder."))]
+        unchanged = [n for n in moved if torch.equal(trained[n], encoder[n])]
+        # LayerNorm weights start at 1 and biases at 0 either way; every matrix differs.
+        assert not [n for n in unchanged if n.endswith("weight") and trained[n].dim() == 2]
+        students.append(loaded.model.base_model.embeddings.word_embeddings.weight.detach())
+    assert not torch.equal(students[0], students[1])
+
+
 def test_cache_key_unchanged_without_a_proxy_and_distinct_with_one():
     # Keys computed by the code before the proxy existed (FINETUNE_VERSION 1).
     plain = FinetuneConfig(model="some-org/some-model", dataset="default")
@@ -153,7 +182,8 @@ def test_cli_proxy_seeds_write_models_with_metadata_and_are_cached(
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (("--reinit-top", "-1"), "--reinit-top must be at least 0, got -1"),
+        (("--reinit-top", "-1"), "--reinit-top must be at least 0 or all, got -1"),
+        (("--reinit-top", "top"), "--reinit-top must be at least 0 or all, got top"),
         (("--reinit-top", "4"), "--reinit-top 4 exceeds the 3 layers of"),
         (("--reinit-top", "1", "--reinit-steps", "0"), "--reinit-steps must be at least 1"),
         (("--reinit-steps", "10"), "--reinit-steps needs --reinit-top"),

@@ -323,11 +323,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     finetune.add_argument(
         "--reinit-top",
-        type=int,
-        default=0,
+        default="0",
         metavar="K",
         help="pretraining-seed proxy: re-initialise the top K layers from the seed and re-train "
-        "them to reproduce the original hidden states on the training sentences, then fine-tune",
+        "them to reproduce the original hidden states on the training sentences, then fine-tune; "
+        "all: every layer and the embeddings (a student distilled from scratch)",
     )
     finetune.add_argument(
         "--reinit-steps", type=int, metavar="N", help="re-training steps (default: 800)"
@@ -749,12 +749,26 @@ def _seed_list(value: str) -> list[int]:
     return seeds
 
 
+def _reinit_top(value: str) -> int:
+    """``--reinit-top``: a layer count K >= 0, or ``all`` (-1: every layer and the embeddings)."""
+    if value == "all":
+        return -1
+    try:
+        count = int(value)
+    except ValueError:
+        count = -2
+    if count < 0:
+        raise UsageError(f"--reinit-top must be at least 0 or all, got {value}")
+    return count
+
+
 def _finetune(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.api import finetune
 
     if args.seeds is not None and args.seed is not None:
         raise UsageError("give --seed (one model) or --seeds (one per seed), not both")
     seeds = _seed_list(args.seeds) if args.seeds is not None else None
+    args.reinit_top = _reinit_top(args.reinit_top)
     if args.reinit_steps is not None and not args.reinit_top:
         raise UsageError("--reinit-steps needs --reinit-top K (K > 0)")
     given = {

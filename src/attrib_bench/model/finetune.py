@@ -81,6 +81,12 @@ PROXY_SEED_VARIES = (
     "top {k} layers' pretraining init and the re-training data order, plus head init, data "
     "order and dropout of fine-tuning"
 )
+#: ``reinit_top`` for every layer and the embeddings (``--reinit-top all``).
+ALL_LAYERS = -1
+STUDENT_SEED_VARIES = (
+    "every encoder weight's init (embeddings and all {k} layers) and the re-training data "
+    "order, plus head init, data order and dropout of fine-tuning"
+)
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,8 @@ class FinetuneConfig:
     max_length: int = 128
     seed: int = 0
     #: k > 0: fine-tune a pretraining-seed proxy whose top k layers are re-initialised from
-    #: ``seed`` and re-trained to reproduce the original hidden states (see the module).
+    #: ``seed`` and re-trained to reproduce the original hidden states (see the module);
+    #: ``ALL_LAYERS`` (-1): every layer and the embeddings, a student distilled from scratch.
     reinit_top: int = 0
     reinit_steps: int = DEFAULT_REINIT_STEPS
     reinit_learning_rate: float = 3e-3
@@ -249,12 +256,17 @@ def proxy_layers(loaded: LoadedModel) -> list[nn.Module]:
 
 def reinit_top_layers(loaded: LoadedModel, k: int, seed: int) -> list[nn.Module]:
     """Re-initialise the top ``k`` transformer layers in place from ``seed`` with the model's own
-    ``_init_weights``, leaving torch's global random state as it was; returns those layers.
+    ``_init_weights``, leaving torch's global random state as it was; returns those modules.
+    ``k = ALL_LAYERS``: the embeddings module and every layer, so no weight of the encoder is
+    the original's (layer 0, the embedding output, depends on the seed too).
 
     transformers 5 marks loaded tensors ``_is_hf_initialized`` and its init functions skip
     them: the marks of these layers' modules and tensors are cleared first.
     """
-    top = proxy_layers(loaded)[-k:] if k else []
+    if k == ALL_LAYERS:
+        top = [loaded.adapter.embeddings, *proxy_layers(loaded)]
+    else:
+        top = proxy_layers(loaded)[-k:] if k else []
     with torch.random.fork_rng(devices=_rng_devices(loaded.device)):
         torch.manual_seed(seed)
         for layer in top:
@@ -356,7 +368,11 @@ def build_proxy(
         "reinit_target_variance": _target_variance(teacher, probe, device),
         "reinit_mse_probe_sentences": sum(len(b.examples) for b in probe),
         "reinit_seconds": round(seconds, 1),
-        "seed_varies": PROXY_SEED_VARIES.format(k=k),
+        "seed_varies": (
+            STUDENT_SEED_VARIES.format(k=len(top) - 1)
+            if k == ALL_LAYERS
+            else PROXY_SEED_VARIES.format(k=k)
+        ),
     }
 
 
@@ -408,7 +424,8 @@ def _train(
         else:
             bar, task = shared_bar
         if config.reinit_top:
-            what = f"re-training top {config.reinit_top} layers, seed {config.seed}"
+            which = "every layer" if config.reinit_top == ALL_LAYERS else f"top {config.reinit_top}"
+            what = f"re-training {which} layers, seed {config.seed}"
 
             def advance(loss: float) -> None:
                 bar.update(task, advance=1, description=f"{what} (mse {loss:.4f})")
@@ -441,8 +458,8 @@ def _train(
 
 def _check_proxy(config: FinetuneConfig, architectures: Mapping[str, ArchitectureSpec]) -> None:
     """Refuse a proxy the model cannot have, from its config alone (before any training)."""
-    if config.reinit_top < 0:
-        raise UsageError(f"--reinit-top must be at least 0, got {config.reinit_top}")
+    if config.reinit_top < 0 and config.reinit_top != ALL_LAYERS:
+        raise UsageError(f"--reinit-top must be at least 0 or all, got {config.reinit_top}")
     if not config.reinit_top:
         return
     if config.reinit_steps < 1:
