@@ -424,7 +424,7 @@ def _train(
         else:
             bar, task = shared_bar
         if config.reinit_top:
-            which = "every layer" if config.reinit_top == ALL_LAYERS else f"top {config.reinit_top}"
+            which = "all" if config.reinit_top == ALL_LAYERS else f"top {config.reinit_top}"
             what = f"re-training {which} layers, seed {config.seed}"
 
             def advance(loss: float) -> None:
