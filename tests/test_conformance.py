@@ -34,6 +34,7 @@ BERT = ("bert",)
 FEWER_SAMPLES = {
     "integrated-gradients": "integrated-gradients:steps=8",
     "sequential-integrated-gradients": "sequential-integrated-gradients:steps=4",
+    "discretized-integrated-gradients": "discretized-integrated-gradients:steps=4",
     "gradient-shap": "gradient-shap:samples=4",
     "smoothgrad": "smoothgrad:samples=4",
     "vargrad": "vargrad:samples=4",

@@ -17,7 +17,6 @@ from helpers import ARCHITECTURES, examples, load_float64, one_batch
 from attrib_bench.core.errors import UsageError
 from attrib_bench.model.load import load_model
 from attrib_bench.model.trace import trace_batch
-from attrib_bench.testing import check_attributor
 from attrib_bench.toolkit.discretized_paths import monotonic
 from attrib_bench_plugins.gradient import DiscretizedIntegratedGradients
 
@@ -188,12 +187,6 @@ def test_each_point_lies_between_the_baseline_and_the_point_after_it(tiny_bert):
         assert len(points_PD) == 2 * (8 + 1) + 1
         for before, after in itertools.pairwise(points_PD):
             assert monotonic(points_PD[0], after, before[None]).all()
-
-
-def test_the_kit_accepts_dig():
-    check_attributor(
-        DiscretizedIntegratedGradients().configure({"steps": "4"}), families=("bert", "roberta")
-    )
 
 
 def test_a_model_without_a_vocabulary_matrix_is_one_line(tiny_bert, monkeypatch):
