@@ -77,6 +77,8 @@ from attrib_bench.core.errors import UsageError
 MAPS = ("linear", "mlp", "inn")
 #: Also fitted when named: the released BERT-INN configuration (``bert_inn``), its own training.
 OPTIONAL_MAPS = ("bert-inn",)
+#: Every map a caller may name.
+CHOICES = MAPS + OPTIONAL_MAPS
 #: The maps that must be bijective, so need equal widths.
 INVERTIBLE_MAPS = ("inn", "bert-inn")
 #: Where the INN starts: the least-squares solution where invertible, or the identity.
@@ -200,8 +202,7 @@ def _build(name: str, d_x: int, d_y: int, hidden: int, inn_blocks: int, inn_clam
         from attrib_bench.analyses.invertible_maps import GlowINN
 
         return GlowINN(d_x, hidden, inn_blocks, inn_clamp)
-    choices = MAPS + OPTIONAL_MAPS
-    raise UsageError(f"unknown alignment map {name!r}; valid choices: {', '.join(choices)}")
+    raise UsageError(f"unknown alignment map {name!r}; valid choices: {', '.join(CHOICES)}")
 
 
 def train_map(
@@ -284,10 +285,9 @@ def _check_inputs(x_train, y_train, x_test, y_test, maps: Sequence[str]) -> None
         raise UsageError("train and test splits must have the same feature widths")
     if x_train.shape[0] < 4 or x_test.shape[0] < 2:
         raise UsageError("alignment needs at least 4 training rows and 2 held-out rows")
-    choices = MAPS + OPTIONAL_MAPS
     for name in maps:
-        if name not in choices:
-            raise UsageError(f"unknown alignment map {name!r}; valid choices: {', '.join(choices)}")
+        if name not in CHOICES:
+            raise UsageError(f"unknown alignment map {name!r}; valid choices: {', '.join(CHOICES)}")
     for name in INVERTIBLE_MAPS:
         if name in maps and x_train.shape[1] != y_train.shape[1]:
             _build(name, x_train.shape[1], y_train.shape[1], 1, 1, 1.0)  # the width error
