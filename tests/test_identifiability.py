@@ -135,3 +135,42 @@ def test_kfold_with_one_fold_is_a_usage_error(tiny_bert, run_cli, tmp_path):
         "identifiability", "--model", tiny_bert, "--folds", "1", "--output-dir", tmp_path
     )
     assert code == 2 and "--fold-scheme kfold needs --folds of at least 2" in err
+
+
+@pytest.mark.parametrize("search", ["every-fold", "first-fold"])
+def test_first_fold_rate_search_reuses_the_first_choice(monkeypatch, search):
+    """``first-fold`` trains the whole grid on fold 0 only; every later fold trains one map per
+    layer and kind, at fold 0's choice, and fold 0 itself is the same under both searches."""
+    from attrib_bench.analyses import identifiability as module
+
+    calls = []
+    real = module.train_map
+
+    def spy(name, train, validation, rate, config):
+        calls.append(rate)
+        return real(name, train, validation, rate, config)
+
+    monkeypatch.setattr(module, "train_map", spy)
+    generator = torch.Generator().manual_seed(0)
+    sentences = [torch.randn(2, 5, 4, generator=generator) for _ in range(12)]
+    config = IdentifiabilityConfig(
+        model="unused",
+        folds=3,
+        learning_rates=(1e-1, 1e-3),
+        rate_search=search,
+        max_epochs=3,
+        patience=1,
+        hidden_units=8,
+    )
+    result = module.identifiability(None, sentences, config)
+    layers, maps = 2, len(module.MAPS)
+    expected = layers * maps * (3 * 2 if search == "every-fold" else 2 + 2)
+    assert len(calls) == expected
+    chosen = result["learning_rates_chosen"]
+    if search == "first-fold":
+        assert all(len(set(by_fold)) == 1 for by_layer in chosen.values() for by_fold in by_layer)
+    other = module.identifiability(
+        None, sentences, IdentifiabilityConfig(**{**config.__dict__, "rate_search": "every-fold"})
+    )
+    for name, per_layer in result["rates"].items():
+        assert [rates[0] for rates in per_layer] == [r[0] for r in other["rates"][name]]

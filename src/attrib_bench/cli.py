@@ -362,6 +362,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="kfold: every sentence tested once; repeated: an independent 70/15/15 split per fold",
     )
     ident.add_argument("--learning-rates", type=_floats, help="grid (default: 3e-3 ... 3e-6)")
+    ident.add_argument(
+        "--rate-search",
+        choices=("every-fold", "first-fold"),
+        default="every-fold",
+        help="every-fold: each fold searches the grid; first-fold: later folds reuse the first "
+        "fold's choice per layer and map",
+    )
     ident.add_argument("--max-epochs", type=int, default=1000)
     ident.add_argument("--patience", type=int, default=20, help="early-stopping epochs")
     ident.add_argument("--hta-norm", choices=("sum", "frobenius"), default="sum")
@@ -839,6 +846,7 @@ def _identifiability(args: argparse.Namespace, out: Console) -> int:
         max_length=args.max_length,
         folds=args.folds,
         fold_scheme=args.fold_scheme,
+        rate_search=args.rate_search,
         max_epochs=args.max_epochs,
         patience=args.patience,
         hta_limit=args.hta_limit,

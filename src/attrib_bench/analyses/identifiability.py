@@ -43,6 +43,10 @@ FOLD_SCHEMES = ("kfold", "repeated")
 #: The share of a fold's non-test sentences that validates (early stopping, learning rate).
 VALIDATION_SHARE = 0.15 / 0.85
 MAPS = ("linear-l2", "linear-cosine", "mlp-l2", "mlp-cosine")
+#: ``every-fold``: each fold picks its own learning rate from the grid on its validation set;
+#: ``first-fold``: the first fold picks per layer and map, and the other folds train only that
+#: rate (a budget option: the grid's cost is paid once instead of once per fold).
+RATE_SEARCHES = ("every-fold", "first-fold")
 
 
 @dataclass
@@ -57,6 +61,7 @@ class IdentifiabilityConfig:
     folds: int = 10
     fold_scheme: str = "kfold"
     learning_rates: tuple[float, ...] = LEARNING_RATES
+    rate_search: str = "every-fold"
     max_epochs: int = 1000
     patience: int = 20
     batch_size: int = 256
@@ -200,11 +205,13 @@ def identifiability(loaded: LoadedModel, sentences: list, config: Identifiabilit
         name: [[] for _ in range(layers)] for name in ("naive-l2", "naive-cosine", *MAPS)
     }
     chosen_rates: dict[str, list] = {name: [[] for _ in range(layers)] for name in MAPS}
-    total = config.folds * layers * len(MAPS) * len(config.learning_rates)
+    grid = len(config.learning_rates)
+    searched = config.folds if config.rate_search == "every-fold" else 1
+    total = layers * len(MAPS) * (searched * grid + config.folds - searched)
     with console.progress() as bar:
         task = bar.add_task("training maps", total=total)
         splits = fold_splits(len(sentences), config.folds, config.fold_scheme, config.seed)
-        for train, validation, test in splits:
+        for fold, (train, validation, test) in enumerate(splits):
             test_inputs = [sentences[i][0] for i in test]
             for layer in range(layers):
                 states = [sentences[i][layer] for i in test]
@@ -215,7 +222,12 @@ def identifiability(loaded: LoadedModel, sentences: list, config: Identifiabilit
                 validation_xy = _tokens(sentences, validation, layer)
                 for name in MAPS:
                     candidates = []
-                    for rate in config.learning_rates:
+                    rates = (
+                        config.learning_rates
+                        if fold < searched
+                        else (chosen_rates[name][layer][0],)
+                    )
+                    for rate in rates:
                         candidates.append(
                             (*train_map(name, train_xy, validation_xy, rate, config), rate)
                         )
@@ -334,6 +346,8 @@ def run_identifiability(
         raise UsageError("--fold-scheme kfold needs --folds of at least 2")
     if config.fold_scheme not in FOLD_SCHEMES:
         raise UsageError(f"--fold-scheme must be one of {', '.join(FOLD_SCHEMES)}")
+    if config.rate_search not in RATE_SEARCHES:
+        raise UsageError(f"--rate-search must be one of {', '.join(RATE_SEARCHES)}")
     loaded = load_model(config.model, config.device, architectures=architectures)
     data, sentences = sentence_states(loaded, config)
     if len(sentences) < 7:
