@@ -210,3 +210,53 @@ def test_cli_proxy_needs_layers_it_can_find(family, run_cli, tmp_path):
     assert code == 2 and not out
     assert len(err.strip().splitlines()) == 1, err
     assert "--reinit-top" in err and repr(family) in err
+
+
+def test_student_output_norm_starts_at_the_teachers_marginals(tiny_bert):
+    """A student's output LayerNorm starts with gain = the teacher's per-dimension standard
+    deviation and bias = its mean, over the real tokens of the batches given (float64
+    reference), and that start is closer to the teacher than the re-initialised norm."""
+    import copy
+
+    from attrib_bench.data.batches import make_batches
+    from attrib_bench.model.finetune import (
+        ALL_LAYERS,
+        _probe_mse,
+        _train_data,
+        match_output_marginals,
+        output_norm,
+    )
+
+    config = FinetuneConfig(model=str(tiny_bert), dataset="default", limit=48, batch_size=16)
+    loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
+    batches, _ = make_batches(_train_data(config).examples, loaded.tokenizer, 16, 128)
+    teacher = copy.deepcopy(loaded.model.base_model)
+    rows = []
+    for batch in batches:
+        hidden = teacher(**batch.model_inputs()).last_hidden_state.detach().double()
+        rows += [hidden[b, :n] for b, n in enumerate(batch.lengths)]
+    hidden = torch.cat(rows)
+    reinit_top_layers(loaded, ALL_LAYERS, seed=0)
+    norm = output_norm(loaded)
+    assert norm is loaded.model.base_model.encoder.layer[-1].output.LayerNorm
+    fresh = _probe_mse(loaded.model.base_model, teacher, batches, loaded.device)
+    match_output_marginals(loaded, teacher, batches, loaded.device)
+    torch.testing.assert_close(
+        norm.weight.double(), hidden.std(0, unbiased=False), atol=1e-6, rtol=0
+    )
+    torch.testing.assert_close(norm.bias.double(), hidden.mean(0), atol=1e-6, rtol=0)
+    assert _probe_mse(loaded.model.base_model, teacher, batches, loaded.device) < 0.8 * fresh
+
+
+def test_student_cache_key_names_its_start():
+    from attrib_bench.model.finetune import ALL_LAYERS, STUDENT_START
+
+    student = FinetuneConfig(model="some-org/some-model", dataset="default", reinit_top=ALL_LAYERS)
+    key = cache_key(student, "fp")
+    assert key != cache_key(replace(student, reinit_top=2), "fp")
+    original = finetune_module.STUDENT_START
+    try:
+        finetune_module.STUDENT_START = STUDENT_START + "-other"
+        assert cache_key(student, "fp") != key
+    finally:
+        finetune_module.STUDENT_START = original
