@@ -1,14 +1,16 @@
 """Reproduce the GlobEnc comparison (Modarressi et al. 2022, Figure 3) with MiniLM on SST-2.
 
-    python benchmarks/globenc_sst2.py [--train-limit 20000] [--device cpu]
+    python benchmarks/globenc_sst2.py [--train-limit 20000] [--epochs 1] [--device cpu]
+        [--model SOURCE --label NAME --stem globenc_sst2]
 
-1. Fine-tunes the MiniLM encoder on the first ``--train-limit`` SST-2 train sentences
+1. Fine-tunes the MiniLM encoder (or ``--model``: any encoder source, such as the ONNX
+   paraphrase-MiniLM-L3 package) on the first ``--train-limit`` SST-2 train sentences
    (``../shared/data/sst2``, seed 0; cached like ``attrib-bench finetune``) and reports dev
    accuracy.
 2. Scores the eight variants against gradient x input saliency on all 872 dev sentences, per
    layer, with bootstrap CIs, plus the residual-ratio sweep r = 0.5 ... 0.99 for ``rollout`` and
    ``norm-fixedres`` (all from the same traced pass per batch).
-3. Writes benchmarks/results/globenc_sst2.{json,md,png}.
+3. Writes benchmarks/results/{--stem}.{json,md,png} (default globenc_sst2).
 """
 
 from __future__ import annotations
@@ -54,12 +56,13 @@ def fmt(entry: dict) -> str:
     return f"{entry['mean']:+.3f} [{low:+.3f}, {high:+.3f}]"
 
 
-def markdown(document: dict, accuracy: float, train: int) -> str:
+def markdown(document: dict, accuracy: float, train: int, label: str, epochs: int) -> str:
     methods = document["methods"]
     layers = len(methods["globenc"]["scores"]["spearman"]["aggregated"])
     dev = document["provenance"]["dataset"]["examples"]
     lines = [
-        f"MiniLM-L6 fine-tuned on {train} SST-2 train sentences (dev accuracy {accuracy:.3f}); "
+        f"{label} fine-tuned on {train} SST-2 train sentences, {epochs} epoch(s) (dev accuracy "
+        f"{accuracy:.3f}); "
         f"Spearman with gradient x input saliency on {dev} SST-2 dev sentences, "
         "mean [95% bootstrap CI].",
         "",
@@ -107,7 +110,7 @@ def markdown(document: dict, accuracy: float, train: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(document: dict, path: Path) -> None:
+def plot(document: dict, path: Path, label: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -129,7 +132,7 @@ def plot(document: dict, path: Path) -> None:
     axes[0].set_ylabel("Spearman with gradient x input")
     handles, labels = axes[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
-    figure.suptitle("MiniLM-L6 on SST-2 dev: attention-family agreement with saliency")
+    figure.suptitle(f"{label} on SST-2 dev: attention-family agreement with saliency")
     figure.tight_layout(rect=(0, 0.1, 1, 1))
     figure.savefig(path, dpi=120)
 
@@ -141,10 +144,13 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="dev sentences (default: all 872)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--model", help="the encoder to fine-tune (default: MiniLM-L6)")
+    parser.add_argument("--label", default="MiniLM-L6", help="the model's name in the report")
+    parser.add_argument("--stem", default="globenc_sst2", help="the result files' name")
     args = parser.parse_args()
     model_dir = finetune(
         FinetuneConfig(
-            model=default_model_source(),
+            model=args.model or default_model_source(),
             dataset=str(SST2),
             split="train",
             limit=args.train_limit,
@@ -177,10 +183,12 @@ def main() -> None:
         method.pop("per_example")
     document.pop("example_ids")
     document.pop("cache", None)  # this machine's cache paths: not part of the measurement
-    write_json(document, RESULTS / "globenc_sst2.json")
-    text = markdown(document, metadata["eval_accuracy"], metadata["train_examples"])
-    (RESULTS / "globenc_sst2.md").write_text(text)
-    plot(document, RESULTS / "globenc_sst2.png")
+    write_json(document, RESULTS / f"{args.stem}.json")
+    text = markdown(
+        document, metadata["eval_accuracy"], metadata["train_examples"], args.label, args.epochs
+    )
+    (RESULTS / f"{args.stem}.md").write_text(text)
+    plot(document, RESULTS / f"{args.stem}.png", args.label)
     print(text)
     print(json.dumps({"model": str(model_dir), **metadata}, indent=1))
 
