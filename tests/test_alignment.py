@@ -223,3 +223,41 @@ def test_every_map_recovers_the_identity(d, n, rank, seed):
     for name, s in scores.items():
         assert s["mse"] < 1e-3, (name, scores)
         assert s["r2"] > 0.999, (name, scores)
+
+
+def test_intervals_resample_whole_sentences():
+    """With ``test_groups`` the interval resamples sentences whole: held-out rows repeated three
+    times within their sentence give the interval of the rows taken once (the same draws, and
+    each sentence's sums scale alike), while the same repeated rows taken as independent
+    sentences give a narrower one. The point estimate lies inside."""
+    d, n, m = 6, 300, 40
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(n + m, d, generator=generator)
+    y = torch.tanh(x @ _orthogonal(d, 3)) + 0.3 * torch.randn(n + m, d, generator=generator)
+    x_train, y_train, x_test, y_test = x[:n], y[:n], x[n:], y[n:]
+    once = fit_alignments(
+        x_train, y_train, x_test, y_test, seed=0, maps=("linear",), test_groups=list(range(m))
+    )["linear"]
+    repeated = (x_test.repeat_interleave(3, dim=0), y_test.repeat_interleave(3, dim=0))
+    by_sentence = fit_alignments(
+        x_train,
+        y_train,
+        *repeated,
+        seed=0,
+        maps=("linear",),
+        test_groups=[row // 3 for row in range(3 * m)],
+    )["linear"]
+    by_row = fit_alignments(
+        x_train, y_train, *repeated, seed=0, maps=("linear",), test_groups=list(range(3 * m))
+    )["linear"]
+    for metric in ("mse", "r2"):
+        assert by_sentence[f"{metric}_ci95"] == pytest.approx(once[f"{metric}_ci95"], rel=1e-6)
+        low, high = once[f"{metric}_ci95"]
+        assert low < once[metric] < high
+        narrow = by_row[f"{metric}_ci95"]
+        assert narrow[1] - narrow[0] < 0.8 * (high - low)
+    assert (
+        "mse_ci95" not in fit_alignments(x_train, y_train, x_test, y_test, 0, ("linear",))["linear"]
+    )
+    with pytest.raises(UsageError, match="one group per held-out row"):
+        fit_alignments(x_train, y_train, x_test, y_test, 0, ("linear",), test_groups=[0, 1])

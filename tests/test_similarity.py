@@ -223,7 +223,7 @@ def test_capped_gram_measures_use_exactly_the_paired_subset():
     x, y = _pair(n=90, d1=6, d2=5)
     cap, seed = 25, 3
     config = _config(max_gram_rows=cap, seed=seed)
-    result = compare(_features([x]), _features([y]), config)
+    result, _ = compare(_features([x]), _features([y]), config)
     rows = gram_rows(90, cap, seed)
     xs, ys = x[rows], y[rows]
     assert result["rbf_cka"][0][0] == pytest.approx(_cka(_rbf(xs, 1.0), _rbf(ys, 1.0)), abs=1e-10)
@@ -235,19 +235,19 @@ def test_capped_gram_measures_use_exactly_the_paired_subset():
     assert result["linear_cka"][0][0] == pytest.approx(_cka(x @ x.T, y @ y.T), abs=1e-10)
     assert result["procrustes"][0][0] == procrustes_distance(x, y)
     # paired: the same rows for x and y, so a model against itself stays at 1
-    itself = compare(_features([x]), _features([x]), config)
+    itself, _ = compare(_features([x]), _features([x]), config)
     assert itself["rbf_cka"][0][0] == pytest.approx(1, abs=1e-12)
     assert itself["linear_cka_debiased"][0][0] == pytest.approx(1, abs=1e-12)
     # reproducible from the seed, and the seed matters
-    assert compare(_features([x]), _features([y]), config) == result
-    other = compare(_features([x]), _features([y]), _config(max_gram_rows=cap, seed=seed + 1))
+    assert compare(_features([x]), _features([y]), config)[0] == result
+    other, _ = compare(_features([x]), _features([y]), _config(max_gram_rows=cap, seed=seed + 1))
     assert other["rbf_cka"][0][0] != result["rbf_cka"][0][0]
 
 
 def test_below_the_cap_nothing_changes():
     x, y = _pair(n=40)
-    capped = compare(_features([x]), _features([y]), _config(max_gram_rows=40))
-    uncapped = compare(_features([x]), _features([y]), _config(max_gram_rows=None))
+    capped, _ = compare(_features([x]), _features([y]), _config(max_gram_rows=40))
+    uncapped, _ = compare(_features([x]), _features([y]), _config(max_gram_rows=None))
     assert capped == uncapped
     assert capped["rbf_cka"][0][0] == rbf_cka(x, y)
     assert capped["linear_cka_debiased"][0][0] == linear_cka(x, y, debiased=True)
@@ -530,6 +530,17 @@ def test_the_maps_asked_for_are_the_maps_fitted(tiny_bert, run_cli, tmp_path):
     report = json.loads(output.read_text())
     assert report["skipped_maps"] == {} and report["config"]["maps"] == ["linear"]
     assert list(report["pairs"][0]["measures"]) == [*MEASURES, "linear_mse", "linear_r2"]
+    # each learned score carries its bootstrap interval on the diagonal, none elsewhere
+    for pair in report["pairs"]:
+        assert list(pair["intervals"]) == ["linear_mse", "linear_r2"]
+        for name, matrix in pair["intervals"].items():
+            for i, row in enumerate(matrix):
+                for j, cell in enumerate(row):
+                    if i != j:
+                        assert cell is None
+                        continue
+                    low, high = cell
+                    assert low <= pair["measures"][name][i][j] <= high, (name, i)
 
 
 @pytest.fixture

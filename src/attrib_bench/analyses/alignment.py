@@ -54,6 +54,10 @@ Protocol, and where it departs from the official code on purpose:
 - All randomness (initialisation, validation split, batch order) comes from ``seed`` inside
   ``torch.random.fork_rng``: the caller's global RNG state is untouched, and the same seed on
   the same device gives the same numbers.
+- With ``test_groups`` (the sentence of each held-out row) each score also gets a percentile
+  bootstrap 95% interval over the held-out *sentences* (``results.stats.bootstrap_ci``): rows of
+  one sentence are not independent, so the sentences are resampled whole; R^2 keeps the
+  held-out mean of all rows.
 - An INN maps R^d to R^d: when d_x != d_y the ``inn`` map is refused with a ``UsageError``
   rather than padded or projected, since any projection would make the map non-bijective and
   the comparison the map exists for meaningless. The maps are not symmetric: x -> y is fitted.
@@ -68,11 +72,13 @@ import copy
 import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
 from attrib_bench.analyses.bert_inn import BertINN, released_init, train_released
 from attrib_bench.core.errors import UsageError
+from attrib_bench.results.stats import bootstrap_ci
 
 MAPS = ("linear", "mlp", "inn")
 #: Also fitted when named: the released BERT-INN configuration (``bert_inn``), its own training.
@@ -264,6 +270,26 @@ def _scores(pred: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
     }
 
 
+def _intervals(
+    pred: torch.Tensor, target: torch.Tensor, groups: np.ndarray, seed: int
+) -> dict[str, list[float]]:
+    """Bootstrap 95% intervals of the held-out MSE and R^2, resampling whole groups."""
+    residual_R = ((pred - target) ** 2).sum(dim=1).double().cpu().numpy()
+    total_R = ((target - target.mean(dim=0, keepdim=True)) ** 2).sum(dim=1).double().cpu().numpy()
+    _, inverse = np.unique(groups, return_inverse=True)
+    residual_G, total_G = np.bincount(inverse, residual_R), np.bincount(inverse, total_R)
+    cells_G = np.bincount(inverse) * pred.shape[1]
+    index_G = np.arange(len(cells_G))
+    return {
+        "mse_ci95": bootstrap_ci(
+            index_G, seed, statistic=lambda g: residual_G[g].sum() / cells_G[g].sum()
+        ),
+        "r2_ci95": bootstrap_ci(
+            index_G, seed, statistic=lambda g: 1.0 - residual_G[g].sum() / total_G[g].sum()
+        ),
+    }
+
+
 def _fork_rng(device: torch.device):
     """Fork the CPU RNG and, on an accelerator, that device's RNG (the caller's are restored)."""
     if device.type == "cpu":
@@ -310,10 +336,13 @@ def fit_alignments(
     inn_blocks: int = 2,
     inn_clamp: float = 2.0,
     inn_start: str = "least-squares",
-) -> dict[str, dict[str, float]]:
+    test_groups: Sequence[int] | None = None,
+) -> dict[str, dict]:
     """Fit each map x -> y on the training rows; score it on the held-out rows.
 
-    Returns ``{map: {"mse": float, "r2": float}}`` in the order of ``maps``. ``hidden`` is the
+    Returns ``{map: {"mse": float, "r2": float}}`` in the order of ``maps``; with
+    ``test_groups`` (one group id per held-out row: its sentence) also ``mse_ci95`` and
+    ``r2_ci95``, bootstrap intervals over the groups (module docstring). ``hidden`` is the
     MLP's and the INN subnetworks' width (default 4 * max(d_x, d_y), as 768 -> 3072 officially).
     The linear map and the MLP's affine part start at the least-squares solution on the fit rows,
     the INN there too where it is invertible, else at the identity (``inn_start="identity"``:
@@ -325,6 +354,8 @@ def fit_alignments(
     _check_inputs(x_train, y_train, x_test, y_test, maps)
     if inn_start not in INN_STARTS:
         raise UsageError(f"inn_start must be one of {', '.join(INN_STARTS)}, got {inn_start!r}")
+    if test_groups is not None and len(test_groups) != x_test.shape[0]:
+        raise UsageError("test_groups needs one group per held-out row")
     device = x_train.device
     dtype = torch.promote_types(x_train.dtype, torch.float32)
     x_train, x_test = _standardise(x_train.to(device, dtype), x_test.to(device, dtype))
@@ -334,7 +365,7 @@ def fit_alignments(
 
     n = x_train.shape[0]
     n_val = min(max(1, round(val_fraction * n)), n - 1)
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict] = {}
     with _fork_rng(device):
         split = torch.Generator().manual_seed(seed)
         perm = torch.randperm(n, generator=split).to(device)
@@ -344,23 +375,25 @@ def fit_alignments(
             model = _build(name, d_x, d_y, width, inn_blocks, inn_clamp).to(device, dtype)
             if name == "bert-inn":  # the released start and schedule, no early stopping
                 train_released(model, [(x_train[fit_idx], y_train[fit_idx])])
-                with torch.no_grad():
-                    results[name] = _scores(model(x_test), y_test)
-                continue
-            if name != "inn" or inn_start == "least-squares":
-                _linear_start(model, x_train[fit_idx], y_train[fit_idx])
-            train_map(
-                model,
-                x_train[fit_idx],
-                y_train[fit_idx],
-                x_train[val_idx],
-                y_train[val_idx],
-                generator=torch.Generator().manual_seed(seed + 1),
-                lr=lr,
-                max_epochs=max_epochs,
-                patience=patience,
-                batch_size=batch_size,
-            )
+            else:
+                if name != "inn" or inn_start == "least-squares":
+                    _linear_start(model, x_train[fit_idx], y_train[fit_idx])
+                train_map(
+                    model,
+                    x_train[fit_idx],
+                    y_train[fit_idx],
+                    x_train[val_idx],
+                    y_train[val_idx],
+                    generator=torch.Generator().manual_seed(seed + 1),
+                    lr=lr,
+                    max_epochs=max_epochs,
+                    patience=patience,
+                    batch_size=batch_size,
+                )
             with torch.no_grad():
-                results[name] = _scores(model(x_test), y_test)
+                pred = model(x_test)
+            results[name] = _scores(pred, y_test)
+            if test_groups is not None:
+                groups = np.asarray(test_groups)
+                results[name].update(_intervals(pred, y_test, groups, seed))
     return results

@@ -450,17 +450,25 @@ def resolve_maps(config: SimilarityConfig) -> dict[str, str]:
 
 def compare(
     fx: Features, fy: Features, config: SimilarityConfig, bar=None, task=None, maps=None
-) -> dict:
+) -> tuple[dict, dict]:
     """Every measure for every layer pair (i, j): matrices of L_x + 1 rows of L_y + 1 values,
     None where not computed. x -> y is a direction (regression, maps): never mirrored.
-    ``maps``: the learned maps fitted for this pair (default ``config``'s)."""
+    ``maps``: the learned maps fitted for this pair (default ``config``'s). Also the learned
+    maps' intervals: per ``{map}_{mse|r2}``, a matrix of bootstrap 95% intervals [low, high]
+    over the held-out sentences, None where not fitted."""
     names = measure_names(config)
     maps = _maps(config) if maps is None else maps
     fit = _fit_alignments() if config.learned else None
     train, test = split_rows(fx.rows_per_sentence, config.seed)
+    sentence_of_row = np.repeat(np.arange(len(fx.rows_per_sentence)), fx.rows_per_sentence)
     subset = gram_rows(sum(fx.rows_per_sentence), config.max_gram_rows, config.seed)
     rows, columns = len(fx.layers), len(fy.layers)
     result: dict[str, list[list]] = {n: [[None] * columns for _ in range(rows)] for n in names}
+    intervals: dict[str, list[list]] = {
+        f"{name}_{metric}": [[None] * columns for _ in range(rows)]
+        for name in (maps if config.learned else ())
+        for metric in ("mse", "r2")
+    }
     for i, x in enumerate(fx.layers):
         for j, y in enumerate(fy.layers):
             xg, yg = (x, y) if subset is None else (x[subset], y[subset])
@@ -482,16 +490,18 @@ def compare(
                     torch.from_numpy(y[test]).float(),
                     seed=config.seed,
                     maps=maps,
+                    test_groups=sentence_of_row[test],
                 )
                 for name, scores in learned.items():
                     for metric in ("mse", "r2"):
                         if f"{name}_{metric}" in result and metric in scores:
                             values[f"{name}_{metric}"] = float(scores[metric])
+                            intervals[f"{name}_{metric}"][i][j] = scores[f"{metric}_ci95"]
             for name, value in values.items():
                 result[name][i][j] = None if value is None or np.isnan(value) else value
             if bar is not None:
                 bar.advance(task)
-    return result
+    return result, intervals
 
 
 def random_representatives(loaded: dict) -> dict[str, str]:
@@ -628,9 +638,16 @@ def run_similarity(
         task = bar.add_task("layer pairs", total=total)
         for (x, y, kind), skipped in zip(plan, unequal, strict=True):
             maps = [name for name in _maps(config) if name not in skipped]
-            measures = compare(features[x], features[y], config, bar, task, maps)
+            measures, intervals = compare(features[x], features[y], config, bar, task, maps)
             pairs.append(
-                {"x": x, "y": y, "kind": kind, "measures": measures, "skipped_maps": skipped}
+                {
+                    "x": x,
+                    "y": y,
+                    "kind": kind,
+                    "measures": measures,
+                    "intervals": intervals,
+                    "skipped_maps": skipped,
+                }
             )
     return {
         "schema": "attrib-bench/similarity",
