@@ -1,0 +1,267 @@
+"""Seed models that differ from the first layer: students of MiniLM-L6, and how nearly they
+compute the teacher's function.
+
+    python benchmarks/students_sst2.py [--seeds 0,1,2] [--steps 1500] [--learning-rate 1e-3]
+        [--train-limit 8000] [--similarity-limit 600] [--maps linear,mlp,inn,bert-inn]
+        [--no-similarity]
+
+1. Per seed, ``attrib-bench finetune --reinit-top all``: every encoder weight (embeddings and
+   all six layers) re-initialised from the seed and distilled on the teacher's last-layer hidden
+   states over the first ``--train-limit`` SST-2 train sentences, then fine-tuned on them as
+   the teacher is (one epoch). Cached like any fine-tune.
+2. The teacher's own fine-tune with the same seeds and data (the plain fine-tuning seeds).
+3. Agreement: each student's reconstruction R^2 of the teacher's last hidden states on 256
+   held-out dev sentences (1 - MSE / the hidden states' variance), dev accuracy, and the share
+   of the 872 dev sentences on which its prediction equals the same seed's fine-tuned teacher.
+4. Ren et al.'s question on the students (``attrib-bench similarity --token-level``, every
+   real token of the first ``--similarity-limit`` SST-2 train sentences a row): the CKA family
+   between every pair of students with the random-init floors, and the learned maps ``--maps``
+   from the first student to the second and to its floor, per layer, held-out MSE with
+   bootstrap intervals over sentences. Does a bijective map align seeds better than a linear
+   one?
+Writes benchmarks/results/students_sst2.{json,md}, with seconds and the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from attrib_bench.analyses.similarity import SimilarityConfig, run_similarity
+from attrib_bench.core.registry import load_registry
+from attrib_bench.data.batches import make_batches
+from attrib_bench.data.load import load_examples
+from attrib_bench.model.finetune import (
+    ALL_LAYERS,
+    FinetuneConfig,
+    default_model_source,
+    finetune_seeds,
+    read_metadata,
+)
+from attrib_bench.model.load import load_model
+from attrib_bench.results import write_json
+
+SST2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2"
+RESULTS = Path(__file__).parent / "results"
+ARCHITECTURES = load_registry().architecture_specs()
+
+
+def predictions(model_dir: Path, examples: list) -> torch.Tensor:
+    loaded = load_model(str(model_dir), "cpu", architectures=ARCHITECTURES)
+    batches, _ = make_batches(examples, loaded.tokenizer, 64, 128)
+    out = []
+    with torch.no_grad():
+        for batch in batches:
+            out.append(loaded.model(**batch.model_inputs()).logits.argmax(-1))
+    return torch.cat(out)
+
+
+CKA_FAMILY = ("linear_cka", "rbf_cka", "svcca", "pwcca", "procrustes", "linreg_r2")
+KINDS = (("models", "seeds"), ("random-floor", "floor"), ("random-random", "random"))
+
+
+def diagonal(matrix: list[list]) -> list:
+    return [matrix[i][i] for i in range(min(len(matrix), len(matrix[0])))]
+
+
+def number(value) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def cka_lines(report: dict) -> list[str]:
+    """Per measure and pair kind, the diagonal (i, i): seeds as mean [min, max] over the pairs."""
+    layers = len(diagonal(report["pairs"][0]["measures"]["linear_cka"]))
+    lines = [
+        "| measure | pairs | " + " | ".join(f"L{i}" for i in range(layers)) + " |",
+        "|---|---|" + "---|" * layers,
+    ]
+    for measure in CKA_FAMILY:
+        for kind, label in KINDS:
+            rows = [diagonal(p["measures"][measure]) for p in report["pairs"] if p["kind"] == kind]
+            if not rows:
+                continue
+            cells = []
+            for column in zip(*rows, strict=True):
+                known = [v for v in column if v is not None]
+                cell = number(sum(known) / len(known) if known else None)
+                if kind == "models" and len(known) > 1:
+                    cell += f" [{number(min(known))}, {number(max(known))}]"
+                cells.append(cell)
+            lines.append(f"| `{measure}` | {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def map_lines(report: dict, maps: list[str]) -> list[str]:
+    """Per map and pair kind, the held-out MSE on the diagonal with its interval."""
+    first = report["pairs"][0]["measures"]["linear_cka"]
+    layers = len(diagonal(first))
+    lines = [
+        "| map | pairs | " + " | ".join(f"L{i}" for i in range(layers)) + " |",
+        "|---|---|" + "---|" * layers,
+    ]
+    for name in maps:
+        for kind, label in KINDS:
+            for pair in (p for p in report["pairs"] if p["kind"] == kind):
+                if f"{name}_mse" not in pair["measures"]:
+                    continue
+                values = diagonal(pair["measures"][f"{name}_mse"])
+                bounds = diagonal(pair["intervals"][f"{name}_mse"])
+                cells = [
+                    f"{number(v)} [{number(b[0])}, {number(b[1])}]" if b else number(v)
+                    for v, b in zip(values, bounds, strict=True)
+                ]
+                lines.append(f"| `{name}` | {label} | " + " | ".join(cells) + " |")
+                break
+    return lines
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        "# Students of MiniLM-L6 (every weight from the seed) against the teacher, SST-2",
+        "",
+        f"`python benchmarks/students_sst2.py` on {report['machine']}; load average "
+        f"{report['load_average']['before'][0]:.1f} before, "
+        f"{report['load_average']['after'][0]:.1f} after; seconds: {report['seconds']}.",
+        "",
+        f"Distillation: {report['config']['steps']} steps of batch 32 at learning rate "
+        f"{report['config']['learning_rate']} (AdamW, linear decay to 10%) on the last-layer "
+        f"hidden states of {report['config']['train_limit']} SST-2 train sentences; then one "
+        "epoch of fine-tuning on them, as the teacher's fine-tune. R^2: 1 - reconstruction MSE / "
+        "the teacher's hidden-state variance, on 256 held-out dev sentences. Agreement: share of "
+        "the 872 dev sentences where the student predicts what the same seed's fine-tuned "
+        "teacher predicts.",
+        "",
+        "| seed | R^2 of last hidden states | MSE before -> after (variance) | student dev "
+        "accuracy | teacher dev accuracy | prediction agreement | distillation seconds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in report["seeds"]:
+        lines.append(
+            f"| {row['seed']} | {row['r2']:.3f} | {row['mse_before']:.3f} -> "
+            f"{row['mse_after']:.3f} ({row['variance']:.3f}) | {row['student_accuracy']:.3f} | "
+            f"{row['teacher_accuracy']:.3f} | {row['agreement']:.3f} | "
+            f"{row['distillation_seconds']} |"
+        )
+    similarity = report.get("similarity")
+    if similarity is not None:
+        data = similarity["cka"]["dataset"]
+        lines += [
+            "",
+            f"## Representation similarity between the students ({data['rows']} tokens of "
+            f"{data['sentences']} SST-2 train sentences)",
+            "",
+            "Layer pair (i, i), i = 0 (the embedding output) .. 6. `seeds`: mean over the student "
+            "pairs [min, max]; `floor`: student -> a random init of MiniLM-L6 (mean over "
+            "students); `random`: random init -> another.",
+            "",
+            *cka_lines(similarity["cka"]),
+            "",
+            "## Learned maps, student 0 -> student 1 (held-out 30% of the sentences)",
+            "",
+            "Held-out MSE in standardised units [bootstrap 95% interval over the held-out "
+            "sentences]; `floor`: student 0 -> a random init; `random`: random -> random.",
+            "",
+            *map_lines(similarity["maps"], report["config"]["maps"]),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--train-limit", type=int, default=8000)
+    parser.add_argument("--similarity-limit", type=int, default=600)
+    parser.add_argument("--maps", default="linear,mlp,inn,bert-inn")
+    parser.add_argument("--no-similarity", action="store_true")
+    args = parser.parse_args()
+    maps = args.maps.split(",")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    load_before = os.getloadavg()
+    base = FinetuneConfig(
+        model=default_model_source(), dataset=str(SST2), split="train", limit=args.train_limit
+    )
+    start = time.perf_counter()
+    teachers = finetune_seeds(base, seeds, device="cpu", architectures=ARCHITECTURES)
+    seconds = {"teachers": round(time.perf_counter() - start, 1)}
+    start = time.perf_counter()
+    student_config = FinetuneConfig(
+        **{
+            **base.__dict__,
+            "reinit_top": ALL_LAYERS,
+            "reinit_steps": args.steps,
+            "reinit_learning_rate": args.learning_rate,
+        }
+    )
+    students = finetune_seeds(student_config, seeds, device="cpu", architectures=ARCHITECTURES)
+    seconds["students"] = round(time.perf_counter() - start, 1)
+    dev = load_examples(str(SST2), "dev").examples
+    rows = []
+    for seed, teacher, student in zip(seeds, teachers, students, strict=True):
+        meta, teacher_meta = read_metadata(student), read_metadata(teacher)
+        agree = (predictions(student, dev) == predictions(teacher, dev)).double().mean()
+        rows.append(
+            {
+                "seed": seed,
+                "r2": 1 - meta["reinit_mse_after"] / meta["reinit_target_variance"],
+                "mse_before": meta["reinit_mse_before"],
+                "mse_after": meta["reinit_mse_after"],
+                "variance": meta["reinit_target_variance"],
+                "student_accuracy": meta["eval_accuracy"],
+                "teacher_accuracy": teacher_meta["eval_accuracy"],
+                "agreement": float(agree),
+                "distillation_seconds": meta["reinit_seconds"],
+                "student": str(student),
+                "teacher": str(teacher),
+            }
+        )
+    similarity = None
+    if not args.no_similarity:
+        common = dict(
+            dataset=str(SST2),
+            split="train",
+            limit=args.similarity_limit,
+            token_level=True,
+            device="cpu",
+        )
+        models = [str(student) for student in students]
+        start = time.perf_counter()
+        cka = run_similarity(
+            SimilarityConfig(models=models, learned=False, **common), architectures=ARCHITECTURES
+        )
+        seconds["similarity"] = round(time.perf_counter() - start, 1)
+        start = time.perf_counter()
+        learned = run_similarity(
+            SimilarityConfig(models=models[:2], maps=maps, **common), architectures=ARCHITECTURES
+        )
+        seconds["learned_maps"] = round(time.perf_counter() - start, 1)
+        similarity = {"cka": cka, "maps": learned}
+    report = {
+        "config": {
+            "seeds": seeds,
+            "steps": args.steps,
+            "learning_rate": args.learning_rate,
+            "train_limit": args.train_limit,
+            "similarity_limit": args.similarity_limit,
+            "maps": maps,
+        },
+        "seeds": rows,
+        "similarity": similarity,
+        "seconds": seconds,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch "
+        f"{torch.__version__}, {torch.get_num_threads()} threads, no GPU",
+        "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
+    }
+    write_json(report, RESULTS / "students_sst2.json")
+    (RESULTS / "students_sst2.md").write_text(markdown(report))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
