@@ -108,6 +108,7 @@ def test_missing_file_and_package_are_one_line_errors(tmp_path):
     with pytest.raises(UsageError, match="does not exist"):
         find_onnx(str(tmp_path / "absent.onnx"))
     assert find_onnx("bert-base-uncased") is None
+    assert find_onnx(tmp_path) is None  # a directory given as a Path, as callers pass models
 
 
 def test_a_copy_that_computes_another_function_is_refused(exported, tmp_path, monkeypatch):

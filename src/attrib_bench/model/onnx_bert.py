@@ -44,8 +44,9 @@ COPY_VERSION = 1
 _LAYER = re.compile(r"encoder\.layer\.(\d+)\.")
 
 
-def find_onnx(name_or_path: str) -> Path | None:
+def find_onnx(name_or_path: str | Path) -> Path | None:
     """The ONNX file ``--model`` names: a ``.onnx`` path or a known package; otherwise None."""
+    name_or_path = str(name_or_path)
     path = Path(name_or_path).expanduser()
     if path.suffix == ".onnx":
         if not path.is_file():
