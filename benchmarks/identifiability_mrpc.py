@@ -1,7 +1,7 @@
 """Token identifiability and HTA (Brunner et al., ICLR 2020) on every MRPC dev pair, at a budget.
 
     python benchmarks/identifiability_mrpc.py [--folds 5] [--learning-rates 1e-3,3e-4,1e-4]
-        [--rate-search first-fold] [--patience 20] [--max-epochs 80] [--frobenius-pairs 5]
+        [--rate-search first-fold] [--patience 20] [--max-epochs 40] [--frobenius-pairs 5]
 
 1. Fine-tunes MiniLM-L6 on the MRPC training pairs (3 epochs; cached like
    ``attrib-bench finetune``): the paper analyses a model fine-tuned on MRPC.
@@ -68,7 +68,8 @@ def markdown(report: dict) -> str:
         "",
         "`python benchmarks/identifiability_mrpc.py` on "
         f"{report['machine']}; load average {report['load_average']['before'][0]:.1f} before, "
-        f"{report['load_average']['after'][0]:.1f} after; seconds: {seconds}.",
+        f"{report['load_average']['after'][0]:.1f} after; seconds: {seconds}"
+        + ("." if "hta_frobenius" in report else " (a run cut short: the stages so far)."),
         "",
         f"Model: MiniLM-L6 fine-tuned on the MRPC training pairs (held-out accuracy "
         f"{report['finetune_accuracy']:.3f}). Data: {report['dataset']['sentences']} dev pairs, "
@@ -99,6 +100,8 @@ def markdown(report: dict) -> str:
         "|---|---|---|" + "---|" * (layers - 1),
     ]
     for key in ("hta", "hta_frobenius", "hta_sum_same_pairs"):
+        if key not in report:
+            continue
         hta = report[key]
         for measure in ("own_contribution", "own_is_top_share"):
             values = " | ".join(f"{v:.3f}" for v in hta[measure])
@@ -112,7 +115,7 @@ def main() -> None:
     parser.add_argument("--learning-rates", type=floats, default=(1e-3, 3e-4, 1e-4))
     parser.add_argument("--rate-search", default="first-fold")
     parser.add_argument("--patience", type=int, default=20)
-    parser.add_argument("--max-epochs", type=int, default=80)
+    parser.add_argument("--max-epochs", type=int, default=40)
     parser.add_argument("--limit", type=int, default=None, help="dev pairs (default: all)")
     parser.add_argument("--frobenius-pairs", type=int, default=5)
     parser.add_argument("--finetune-epochs", type=int, default=3)
@@ -146,20 +149,6 @@ def main() -> None:
     )
     loaded = load_model(config.model, "cpu", architectures=ARCHITECTURES)
     data, sentences = sentence_states(loaded, config)
-    start = time.perf_counter()
-    learned = identifiability(loaded, sentences, config)
-    seconds["maps"] = round(time.perf_counter() - start, 1)
-    start = time.perf_counter()
-    hta_sum = hta_analysis(loaded, sentences, config)
-    seconds["hta_sum_all"] = round(time.perf_counter() - start, 1)
-    shortest = sorted(sentences, key=lambda states: states.shape[1])[: args.frobenius_pairs]
-    few = replace(config, hta_limit=args.frobenius_pairs)
-    start = time.perf_counter()
-    hta_frobenius = hta_analysis(loaded, shortest, replace(few, hta_norm="frobenius"))
-    seconds["hta_frobenius"] = round(time.perf_counter() - start, 1)
-    hta_sum_few = hta_analysis(loaded, shortest, few)
-    hta_frobenius["tokens_per_pair"] = [states.shape[1] for states in shortest]
-
     report = {
         "config": asdict(config) | {"hta_limit": None},
         "model": {"id": loaded.model_id, "weights_sha256": loaded.weights_sha256},
@@ -171,21 +160,41 @@ def main() -> None:
             "tokens": sum(s.shape[1] for s in sentences),
         },
         "candidates": "the input tokens of the same sentence",
-        "identifiability": summarize_rates(learned["rates"]),
-        "learning_rates_chosen": learned["learning_rates_chosen"],
-        "hta": hta_sum,
-        "hta_frobenius": hta_frobenius,
-        "hta_sum_same_pairs": hta_sum_few,
         "seconds": seconds,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch "
         f"{torch.__version__}, {torch.get_num_threads()} threads, no GPU",
-        "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
+        "load_average": {"before": list(load_before)},
     }
+    # Each stage is written as soon as it ends: a run cut short keeps what it measured.
+    start = time.perf_counter()
+    learned = identifiability(loaded, sentences, config)
+    seconds["maps"] = round(time.perf_counter() - start, 1)
+    report["identifiability"] = summarize_rates(learned["rates"])
+    report["learning_rates_chosen"] = learned["learning_rates_chosen"]
+    write(report)
+    start = time.perf_counter()
+    report["hta"] = hta_analysis(loaded, sentences, config)
+    seconds["hta_sum_all"] = round(time.perf_counter() - start, 1)
+    write(report)
+    shortest = sorted(sentences, key=lambda states: states.shape[1])[: args.frobenius_pairs]
+    few = replace(config, hta_limit=args.frobenius_pairs)
+    start = time.perf_counter()
+    report["hta_frobenius"] = hta_analysis(loaded, shortest, replace(few, hta_norm="frobenius"))
+    seconds["hta_frobenius"] = round(time.perf_counter() - start, 1)
+    report["hta_frobenius"]["tokens_per_pair"] = [states.shape[1] for states in shortest]
+    report["hta_sum_same_pairs"] = hta_analysis(loaded, shortest, few)
+    write(report)
+    print(markdown(report))
+
+
+def write(report: dict) -> None:
+    """The JSON, the Markdown and (once HTA is there) the plot of what is measured so far."""
+    report["load_average"]["after"] = list(os.getloadavg())
     RESULTS.mkdir(parents=True, exist_ok=True)
     write_json(report, RESULTS / "identifiability.json")
-    plot(report, RESULTS / "identifiability.png")
     (RESULTS / "identifiability.md").write_text(markdown(report))
-    print(markdown(report))
+    if "hta" in report:
+        plot(report, RESULTS / "identifiability.png")
 
 
 if __name__ == "__main__":
