@@ -303,13 +303,7 @@ def match_output_marginals(
     mean 0 and scale 1 per dimension, far from MiniLM's hidden states (reconstruction MSE 1.14
     against a variance of 0.12), and Adam moves a parameter by about the learning rate per step,
     so the first ~1/lr steps would go to learning the mean."""
-    rows = []
-    with torch.no_grad():
-        for batch in batches:
-            batch = batch.to(device)
-            hidden_BND = teacher(**batch.model_inputs()).last_hidden_state
-            rows.append(hidden_BND[batch.attention_mask_BN.bool()].double())
-    hidden_TD = torch.cat(rows)
+    hidden_TD = _teacher_states(teacher, batches, device)
     norm = output_norm(loaded)
     with torch.no_grad():
         if getattr(norm, "bias", None) is None:
@@ -342,16 +336,21 @@ def _probe_mse(student: nn.Module, teacher: nn.Module, probe: list, device: torc
     return total / count
 
 
-def _target_variance(teacher: nn.Module, probe: list, device: torch.device) -> float:
-    """The teacher's hidden-state variance over real tokens (mean over dimensions): the MSE of
-    predicting every token as the mean one, the scale the reconstruction MSE reads against."""
+def _teacher_states(teacher: nn.Module, batches: list, device: torch.device) -> torch.Tensor:
+    """The teacher's last hidden states of every real token of ``batches``, (T, D) float64."""
     rows = []
     with torch.no_grad():
-        for batch in probe:
+        for batch in batches:
             batch = batch.to(device)
             hidden_BND = teacher(**batch.model_inputs()).last_hidden_state
             rows.append(hidden_BND[batch.attention_mask_BN.bool()].double())
-    return float(torch.cat(rows).var(dim=0, unbiased=False).mean())
+    return torch.cat(rows)
+
+
+def _target_variance(teacher: nn.Module, probe: list, device: torch.device) -> float:
+    """The teacher's hidden-state variance over real tokens (mean over dimensions): the MSE of
+    predicting every token as the mean one, the scale the reconstruction MSE reads against."""
+    return float(_teacher_states(teacher, probe, device).var(dim=0, unbiased=False).mean())
 
 
 def build_proxy(
