@@ -1,14 +1,15 @@
 """Seed models that differ from the first layer: students of MiniLM-L6, and how nearly they
 compute the teacher's function.
 
-    python benchmarks/students_sst2.py [--seeds 0,1,2] [--steps 1500] [--learning-rate 1e-3]
-        [--train-limit 8000] [--similarity-limit 600] [--maps linear,mlp,inn,bert-inn]
-        [--no-similarity]
+    python benchmarks/students_sst2.py [--seeds 0,1,2] [--reinit-top 6] [--steps 1500]
+        [--learning-rate 1e-3] [--train-limit 8000] [--similarity-limit 600]
+        [--maps linear,mlp,inn,bert-inn] [--no-similarity]
 
-1. Per seed, ``attrib-bench finetune --reinit-top all``: every encoder weight (embeddings and
-   all six layers) re-initialised from the seed and distilled on the teacher's last-layer hidden
-   states over the first ``--train-limit`` SST-2 train sentences, then fine-tuned on them as
-   the teacher is (one epoch). Cached like any fine-tune.
+1. Per seed, ``attrib-bench finetune --reinit-top K``: all six layers (``6``, the embeddings
+   kept, so layer 0 is the teacher's) or every encoder weight (``all``) re-initialised from the
+   seed and distilled on the teacher's last-layer hidden states over the first
+   ``--train-limit`` SST-2 train sentences, then fine-tuned on them as the teacher is (one
+   epoch). Cached like any fine-tune.
 2. The teacher's own fine-tune with the same seeds and data (the plain fine-tuning seeds).
 3. Agreement: each student's reconstruction R^2 of the teacher's last hidden states on 256
    held-out dev sentences (1 - MSE / the hidden states' variance), dev accuracy, and the share
@@ -120,9 +121,15 @@ def map_lines(report: dict, maps: list[str]) -> list[str]:
     return lines
 
 
+def reinit_top(value: str) -> int:
+    return ALL_LAYERS if value == "all" else int(value)
+
+
 def markdown(report: dict) -> str:
+    every = report["config"].get("reinit_top", "all") == "all"
+    which = "every weight" if every else "every layer, the teacher's embeddings"
     lines = [
-        "# Students of MiniLM-L6 (every weight from the seed) against the teacher, SST-2",
+        f"# Students of MiniLM-L6 ({which} from the seed) against the teacher, SST-2",
         "",
         f"`python benchmarks/students_sst2.py` on {report['machine']}; load average "
         f"{report['load_average']['before'][0]:.1f} before, "
@@ -155,9 +162,10 @@ def markdown(report: dict) -> str:
             f"## Representation similarity between the students ({data['rows']} tokens of "
             f"{data['sentences']} SST-2 train sentences)",
             "",
-            "Layer pair (i, i), i = 0 (the embedding output) .. 6. `seeds`: mean over the student "
-            "pairs [min, max]; `floor`: student -> a random init of MiniLM-L6 (mean over "
-            "students); `random`: random init -> another.",
+            "Layer pair (i, i), i = 0 (the embedding output) .. 6"
+            + ("." if every else ", layer 0 the teacher's in every student.")
+            + " `seeds`: mean over the student pairs [min, max]; `floor`: student -> a random "
+            "init of MiniLM-L6 (mean over students); `random`: random init -> another.",
             "",
             *cka_lines(similarity["cka"]),
             "",
@@ -174,6 +182,9 @@ def markdown(report: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument(
+        "--reinit-top", default="6", help="6 (every layer) or all (the embeddings too)"
+    )
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--train-limit", type=int, default=8000)
@@ -194,7 +205,7 @@ def main() -> None:
     student_config = FinetuneConfig(
         **{
             **base.__dict__,
-            "reinit_top": ALL_LAYERS,
+            "reinit_top": reinit_top(args.reinit_top),
             "reinit_steps": args.steps,
             "reinit_learning_rate": args.learning_rate,
         }
@@ -245,6 +256,7 @@ def main() -> None:
     report = {
         "config": {
             "seeds": seeds,
+            "reinit_top": args.reinit_top,
             "steps": args.steps,
             "learning_rate": args.learning_rate,
             "train_limit": args.train_limit,

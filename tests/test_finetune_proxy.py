@@ -260,3 +260,44 @@ def test_student_cache_key_names_its_start():
         assert cache_key(student, "fp") != key
     finally:
         finetune_module.STUDENT_START = original
+
+
+def test_every_layer_reinitialised_starts_as_a_student(tiny_bert, monkeypatch):
+    """K = the layer count re-initialises the output norm with every layer, so it starts at the
+    teacher's marginals as ``all`` does, and keeps the embeddings; K below it is a proxy."""
+    from attrib_bench.data.batches import make_batches
+    from attrib_bench.model.finetune import _train_data
+
+    matched: list[int] = []
+    real = finetune_module.match_output_marginals
+    monkeypatch.setattr(
+        finetune_module,
+        "match_output_marginals",
+        lambda loaded, *rest: matched.append(len(proxy_layers(loaded))) or real(loaded, *rest),
+    )
+    config = FinetuneConfig(model=str(tiny_bert), dataset="default", limit=32, batch_size=16)
+    for k in (2, 3):
+        loaded = load_model(str(tiny_bert), "cpu", architectures=ARCHITECTURES)
+        embeddings = {
+            n: p.detach().clone() for n, p in loaded.adapter.embeddings.named_parameters()
+        }
+        batches, _ = make_batches(_train_data(config).examples, loaded.tokenizer, 16, 128)
+        build_proxy(loaded, replace(config, reinit_top=k, reinit_steps=2), batches, batches[:1])
+        after = dict(loaded.adapter.embeddings.named_parameters())
+        assert all(torch.equal(after[n], p) for n, p in embeddings.items())
+    assert matched == [3]
+
+
+def test_student_key_needs_the_layer_count():
+    from attrib_bench.model.finetune import STUDENT_START
+
+    every = FinetuneConfig(model="some-org/some-model", dataset="default", reinit_top=3)
+    key = cache_key(every, "fp", layers=3)
+    assert key != cache_key(every, "fp", layers=6) == cache_key(every, "fp")
+    original = finetune_module.STUDENT_START
+    try:
+        finetune_module.STUDENT_START = STUDENT_START + "-other"
+        assert cache_key(every, "fp", layers=3) != key
+        assert cache_key(every, "fp", layers=6) == cache_key(every, "fp")  # a proxy: no start
+    finally:
+        finetune_module.STUDENT_START = original

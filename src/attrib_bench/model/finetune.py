@@ -84,7 +84,8 @@ PROXY_SEED_VARIES = (
 #: ``reinit_top`` for every layer and the embeddings (``--reinit-top all``).
 ALL_LAYERS = -1
 #: How a student's output norm starts (see ``match_output_marginals``): part of a student's cache
-#: key, so that students made before it existed are not read as students made with it.
+#: key, so that students made before it existed are not read as students made with it. A student
+#: is a proxy with every transformer layer re-initialised (``is_student``).
 STUDENT_START = "output-marginals"
 #: Re-training batches the student's output norm is matched on.
 MARGINAL_BATCHES = 20
@@ -146,7 +147,16 @@ def _local_path(name: str | None) -> str | None:
     return str(Path(name).expanduser().resolve())
 
 
-def cache_key(config: FinetuneConfig, data_fingerprint: str) -> str:
+def is_student(reinit_top: int, layers: int | None) -> bool:
+    """Every transformer layer of a ``layers``-layer model re-initialised: ``--reinit-top all``,
+    or K = the layer count (the embeddings kept). Its output norm is then re-initialised too, and
+    it starts at the teacher's marginals (``match_output_marginals``)."""
+    return reinit_top == ALL_LAYERS or (reinit_top > 0 and reinit_top == layers)
+
+
+def cache_key(config: FinetuneConfig, data_fingerprint: str, layers: int | None = None) -> str:
+    """The fine-tune's cache key; ``layers``: the model's layer count, which tells a student
+    with K = the layer count from a proxy (only ``--reinit-top all`` is one without it)."""
     recipe = asdict(config)
     if not config.reinit_top:  # unused: the key of a plain fine-tune is the one it always had
         for name in PROXY_FIELDS:
@@ -154,7 +164,7 @@ def cache_key(config: FinetuneConfig, data_fingerprint: str) -> str:
     if not config.masking:  # likewise for the masked fine-tune's setting
         for name in MASKING_FIELDS:
             del recipe[name]
-    if config.reinit_top == ALL_LAYERS:
+    if is_student(config.reinit_top, layers):
         recipe["student_start"] = STUDENT_START
     fields = {
         **recipe,
@@ -367,7 +377,7 @@ def build_proxy(
     then varies the top layers' initialisation and the re-training data order only. Only the
     top k layers learn (AdamW, learning rate decaying linearly to 10%, never to nothing); the
     loss is the MSE of the last-layer hidden states over real tokens, padding masked. A student
-    (``ALL_LAYERS``) starts with its output norm matched to the teacher's marginals
+    (``is_student``) starts with its output norm matched to the teacher's marginals
     (``match_output_marginals``, on the first ``MARGINAL_BATCHES`` re-training batches).
     Returns the reconstruction MSE on ``probe`` before and after re-training.
     """
@@ -375,7 +385,7 @@ def build_proxy(
     student = loaded.model.base_model
     teacher = copy.deepcopy(student).eval().requires_grad_(False)
     top = reinit_top_layers(loaded, k, config.seed)
-    if k == ALL_LAYERS:
+    if is_student(k, len(proxy_layers(loaded))):
         match_output_marginals(loaded, teacher, batches[:MARGINAL_BATCHES], device)
     student.eval()
     loaded.model.requires_grad_(False)
@@ -556,7 +566,12 @@ def _check(config: FinetuneConfig, architectures: Mapping[str, ArchitectureSpec]
 
 
 def _target(config: FinetuneConfig, train: LoadedData) -> Path:
-    return cache_root() / "models" / cache_key(config, train.fingerprint)
+    layers = None
+    if config.reinit_top > 0:
+        from attrib_bench.model.load import _config
+
+        layers = _config(config.model).num_hidden_layers
+    return cache_root() / "models" / cache_key(config, train.fingerprint, layers)
 
 
 def _is_cached(target: Path) -> bool:
