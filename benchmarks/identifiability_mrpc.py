@@ -1,7 +1,7 @@
 """Token identifiability and HTA (Brunner et al., ICLR 2020) on every MRPC dev pair, at a budget.
 
     python benchmarks/identifiability_mrpc.py [--folds 5] [--learning-rates 1e-3,3e-4,1e-4]
-        [--rate-search first-fold] [--patience 20] [--max-epochs 40] [--frobenius-pairs 5]
+        [--rate-search first-fold] [--patience 20] [--max-epochs 30] [--frobenius-pairs 5]
 
 1. Fine-tunes MiniLM-L6 on the MRPC training pairs (3 epochs; cached like
    ``attrib-bench finetune``): the paper analyses a model fine-tuned on MRPC.
@@ -115,7 +115,7 @@ def main() -> None:
     parser.add_argument("--learning-rates", type=floats, default=(1e-3, 3e-4, 1e-4))
     parser.add_argument("--rate-search", default="first-fold")
     parser.add_argument("--patience", type=int, default=20)
-    parser.add_argument("--max-epochs", type=int, default=40)
+    parser.add_argument("--max-epochs", type=int, default=30)
     parser.add_argument("--limit", type=int, default=None, help="dev pairs (default: all)")
     parser.add_argument("--frobenius-pairs", type=int, default=5)
     parser.add_argument("--finetune-epochs", type=int, default=3)

@@ -3,7 +3,7 @@ compute the teacher's function.
 
     python benchmarks/students_sst2.py [--seeds 0,1,2] [--reinit-top 6] [--steps 1500]
         [--learning-rate 1e-3] [--train-limit 8000] [--similarity-limit 600]
-        [--maps linear,mlp,inn,bert-inn] [--no-similarity]
+        [--maps linear,mlp,inn,bert-inn] [--map-epochs 300] [--no-similarity]
 
 1. Per seed, ``attrib-bench finetune --reinit-top K``: all six layers (``6``, the embeddings
    kept, so layer 0 is the teacher's) or every encoder weight (``all``) re-initialised from the
@@ -190,6 +190,7 @@ def main() -> None:
     parser.add_argument("--train-limit", type=int, default=8000)
     parser.add_argument("--similarity-limit", type=int, default=600)
     parser.add_argument("--maps", default="linear,mlp,inn,bert-inn")
+    parser.add_argument("--map-epochs", type=int, default=300, help="each map's most epochs")
     parser.add_argument("--no-similarity", action="store_true")
     args = parser.parse_args()
     maps = args.maps.split(",")
@@ -249,7 +250,8 @@ def main() -> None:
         seconds["similarity"] = round(time.perf_counter() - start, 1)
         start = time.perf_counter()
         learned = run_similarity(
-            SimilarityConfig(models=models[:2], maps=maps, **common), architectures=ARCHITECTURES
+            SimilarityConfig(models=models[:2], maps=maps, map_epochs=args.map_epochs, **common),
+            architectures=ARCHITECTURES,
         )
         seconds["learned_maps"] = round(time.perf_counter() - start, 1)
         similarity = {"cka": cka, "maps": learned}
@@ -262,6 +264,7 @@ def main() -> None:
             "train_limit": args.train_limit,
             "similarity_limit": args.similarity_limit,
             "maps": maps,
+            "map_epochs": args.map_epochs,
         },
         "seeds": rows,
         "similarity": similarity,

@@ -448,6 +448,7 @@ def test_token_level_refuses_different_tokenizers(tiny_bert, run_cli, tmp_path):
         ("{m},{m}", ["--limit", "0"], "--limit"),
         ("{m},{m}", ["--svcca-keep", "1.5"], "--svcca-keep"),
         ("{m},{m}", ["--max-gram-rows", "3"], "--max-gram-rows"),
+        ("{m},{m}", ["--map-epochs", "0"], "--map-epochs"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(tiny_bert, run_cli, tmp_path, models, extra, message):
@@ -541,6 +542,30 @@ def test_the_maps_asked_for_are_the_maps_fitted(tiny_bert, run_cli, tmp_path):
                         continue
                     low, high = cell
                     assert low <= pair["measures"][name][i][j] <= high, (name, i)
+
+
+def test_map_epochs_bound_every_learned_map(tiny_bert, run_cli, tmp_path, monkeypatch):
+    """--map-epochs is the budget of each early-stopped map fit, for every diagonal layer pair."""
+    from attrib_bench.analyses import alignment
+
+    budgets: list[int] = []
+    real = alignment.train_map
+    monkeypatch.setattr(
+        alignment,
+        "train_map",
+        lambda *args, max_epochs, **kwargs: (
+            budgets.append(max_epochs) or real(*args, max_epochs=max_epochs, **kwargs)
+        ),
+    )
+    output = tmp_path / "budget.json"
+    code, _, err = _similarity(
+        run_cli, tiny_bert, output, "--maps", "linear,mlp", "--map-epochs", "2"
+    )
+    assert code == 0, err
+    report = json.loads(output.read_text())
+    assert report["config"]["map_epochs"] == 2
+    fits = len(report["pairs"]) * 4 * 2  # (i, i) of 4 layers, 2 maps, every pair
+    assert budgets == [2] * fits
 
 
 @pytest.fixture

@@ -399,6 +399,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="learned maps, comma-separated: linear,mlp,inn (default: these; inn skipped, with "
         "a warning, without FrEIA) or bert-inn (the released configuration)",
     )
+    similar.add_argument(
+        "--map-epochs",
+        type=int,
+        default=300,
+        help="most epochs of each learned map, early stopping aside (bert-inn: its own schedule)",
+    )
     similar.add_argument("--debiased", action="store_true", help="add debiased linear CKA")
     similar.add_argument(
         "--rbf-threshold", type=float, default=1.0, help="RBF sigma / median distance (1.0)"
@@ -879,6 +885,7 @@ def _similarity(args: argparse.Namespace, out: Console) -> int:
         all_pairs=args.all_pairs,
         learned=not args.no_learned,
         maps=maps,
+        map_epochs=args.map_epochs,
         debiased=args.debiased,
         rbf_threshold=args.rbf_threshold,
         svcca_keep=args.svcca_keep,

@@ -289,6 +289,9 @@ class SimilarityConfig:
     #: The learned maps to fit; None: every one of LEARNED_MAPS whose package is installed
     #: (``inn`` is skipped without FrEIA, see ``resolve_maps``).
     maps: list[str] | None = None
+    #: The most epochs a learned map trains (early stopping may end it sooner); ``bert-inn``
+    #: keeps its released schedule. Each fit at (i, i) costs per epoch, so this is the budget.
+    map_epochs: int = 300
     debiased: bool = False
     rbf_threshold: float = 1.0
     svcca_keep: float = 0.9
@@ -490,6 +493,7 @@ def compare(
                     torch.from_numpy(y[test]).float(),
                     seed=config.seed,
                     maps=maps,
+                    max_epochs=config.map_epochs,
                     test_groups=sentence_of_row[test],
                 )
                 for name, scores in learned.items():
@@ -556,6 +560,8 @@ def run_similarity(
         raise UsageError(
             "--models needs at least 2 comma-separated models (M,M compares a model with itself)"
         )
+    if config.map_epochs < 1:
+        raise UsageError(f"--map-epochs must be at least 1, got {config.map_epochs}")
     if not 0 < config.svcca_keep <= 1:
         raise UsageError(f"--svcca-keep must be in (0, 1], got {config.svcca_keep}")
     if config.pwcca_convention not in PWCCA_CONVENTIONS:
