@@ -1,6 +1,6 @@
 """Token identifiability and HTA (Brunner et al., ICLR 2020) on every MRPC dev pair, at a budget.
 
-    python benchmarks/identifiability_mrpc.py [--folds 5] [--learning-rates 1e-3,3e-4,1e-4]
+    python benchmarks/identifiability_mrpc.py [--folds 5] [--learning-rates 3e-3,1e-3,3e-4]
         [--rate-search first-fold] [--patience 20] [--max-epochs 30] [--frobenius-pairs 5]
 
 1. Fine-tunes MiniLM-L6 on the MRPC training pairs (3 epochs; cached like
@@ -112,7 +112,7 @@ def markdown(report: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folds", type=int, default=5)
-    parser.add_argument("--learning-rates", type=floats, default=(1e-3, 3e-4, 1e-4))
+    parser.add_argument("--learning-rates", type=floats, default=(3e-3, 1e-3, 3e-4))
     parser.add_argument("--rate-search", default="first-fold")
     parser.add_argument("--patience", type=int, default=20)
     parser.add_argument("--max-epochs", type=int, default=30)
