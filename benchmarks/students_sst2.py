@@ -99,8 +99,7 @@ def cka_lines(report: dict) -> list[str]:
 
 def map_lines(report: dict, maps: list[str]) -> list[str]:
     """Per map and pair kind, the held-out MSE on the diagonal with its interval."""
-    first = report["pairs"][0]["measures"]["linear_cka"]
-    layers = len(diagonal(first))
+    layers = len(diagonal(report["pairs"][0]["measures"][f"{maps[0]}_mse"]))
     lines = [
         "| map | pairs | " + " | ".join(f"L{i}" for i in range(layers)) + " |",
         "|---|---|" + "---|" * layers,
@@ -250,7 +249,13 @@ def main() -> None:
         seconds["similarity"] = round(time.perf_counter() - start, 1)
         start = time.perf_counter()
         learned = run_similarity(
-            SimilarityConfig(models=models[:2], maps=maps, map_epochs=args.map_epochs, **common),
+            SimilarityConfig(
+                models=models[:2],
+                maps=maps,
+                maps_only=True,
+                map_epochs=args.map_epochs,
+                **common,
+            ),
             architectures=ARCHITECTURES,
         )
         seconds["learned_maps"] = round(time.perf_counter() - start, 1)

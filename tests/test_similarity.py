@@ -449,6 +449,7 @@ def test_token_level_refuses_different_tokenizers(tiny_bert, run_cli, tmp_path):
         ("{m},{m}", ["--svcca-keep", "1.5"], "--svcca-keep"),
         ("{m},{m}", ["--max-gram-rows", "3"], "--max-gram-rows"),
         ("{m},{m}", ["--map-epochs", "0"], "--map-epochs"),
+        ("{m},{m}", ["--maps-only"], "--maps-only"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(tiny_bert, run_cli, tmp_path, models, extra, message):
@@ -542,6 +543,36 @@ def test_the_maps_asked_for_are_the_maps_fitted(tiny_bert, run_cli, tmp_path):
                         continue
                     low, high = cell
                     assert low <= pair["measures"][name][i][j] <= high, (name, i)
+
+
+def test_maps_only_fits_the_same_maps_and_computes_no_closed_form_measure(
+    tiny_bert, run_cli, tmp_path, monkeypatch
+):
+    """--maps-only gives the learned maps of a full run, value for value, and nothing else."""
+    from attrib_bench.analyses import similarity
+
+    full = tmp_path / "full.json"
+    code, _, err = _similarity(run_cli, tiny_bert, full, "--maps", "linear")
+    assert code == 0, err
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a closed-form measure was computed")
+
+    for name in ("linear_cka", "rbf_cka", "svcca", "pwcca", "procrustes_distance", "linreg_r2"):
+        monkeypatch.setattr(similarity, name, refuse)
+    only = tmp_path / "only.json"
+    code, _, err = _similarity(run_cli, tiny_bert, only, "--maps", "linear", "--maps-only")
+    assert code == 0, err
+    full_report, only_report = json.loads(full.read_text()), json.loads(only.read_text())
+    assert only_report["gram_subsample"] is None
+    assert [p["kind"] for p in only_report["pairs"]] == [p["kind"] for p in full_report["pairs"]]
+    for whole, maps in zip(full_report["pairs"], only_report["pairs"], strict=True):
+        assert list(maps["measures"]) == ["linear_mse", "linear_r2"]
+        assert maps["intervals"] == whole["intervals"]
+        for name, matrix in maps["measures"].items():
+            for i, row in enumerate(matrix):
+                for j, value in enumerate(row):
+                    assert value == (whole["measures"][name][i][j] if i == j else None)
 
 
 def test_map_epochs_bound_every_learned_map(tiny_bert, run_cli, tmp_path, monkeypatch):

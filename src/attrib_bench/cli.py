@@ -395,6 +395,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-learned", action="store_true", help="skip the learned alignment maps"
     )
     similar.add_argument(
+        "--maps-only",
+        action="store_true",
+        help="only the learned maps, on the layer pairs they are fitted on (no CKA family)",
+    )
+    similar.add_argument(
         "--maps",
         help="learned maps, comma-separated: linear,mlp,inn (default: these; inn skipped, with "
         "a warning, without FrEIA) or bert-inn (the released configuration)",
@@ -884,6 +889,7 @@ def _similarity(args: argparse.Namespace, out: Console) -> int:
         token_level=args.token_level,
         all_pairs=args.all_pairs,
         learned=not args.no_learned,
+        maps_only=args.maps_only,
         maps=maps,
         map_epochs=args.map_epochs,
         debiased=args.debiased,

@@ -286,6 +286,10 @@ class SimilarityConfig:
     token_level: bool = False
     all_pairs: bool = False
     learned: bool = True
+    #: Only the learned maps (``--maps-only``): the closed-form measures (``MEASURES``) are
+    #: skipped, and so is every layer pair no map is fitted on; for a second run of maps beside
+    #: a report that already holds those measures.
+    maps_only: bool = False
     #: The learned maps to fit; None: every one of LEARNED_MAPS whose package is installed
     #: (``inn`` is skipped without FrEIA, see ``resolve_maps``).
     maps: list[str] | None = None
@@ -382,12 +386,13 @@ def gram_rows(n: int, cap: int | None, seed: int) -> np.ndarray | None:
 def gram_subsample(n: int, config: SimilarityConfig) -> dict | None:
     """The report's record of the subsampling (None when every row is used)."""
     rows = gram_rows(n, config.max_gram_rows, config.seed)
-    if rows is None:
+    measures = [m for m in GRAM_MEASURES if m in measure_names(config)]
+    if rows is None or not measures:
         return None
     return {
         "rows": len(rows),
         "of": n,
-        "measures": [m for m in GRAM_MEASURES if m in measure_names(config)],
+        "measures": measures,
         "seed": config.seed,
         "rule": "numpy.random.default_rng(seed).choice(of, rows, replace=False), sorted",
     }
@@ -397,8 +402,8 @@ def gram_subsample(n: int, config: SimilarityConfig) -> dict | None:
 
 
 def measure_names(config: SimilarityConfig) -> list[str]:
-    names = list(MEASURES)
-    if config.debiased:
+    names = [] if config.maps_only else list(MEASURES)
+    if config.debiased and not config.maps_only:
         names.insert(1, "linear_cka_debiased")
     if config.learned:
         names += [f"{m}_{metric}" for m in _maps(config) for metric in ("mse", "r2")]
@@ -455,10 +460,11 @@ def compare(
     fx: Features, fy: Features, config: SimilarityConfig, bar=None, task=None, maps=None
 ) -> tuple[dict, dict]:
     """Every measure for every layer pair (i, j): matrices of L_x + 1 rows of L_y + 1 values,
-    None where not computed. x -> y is a direction (regression, maps): never mirrored.
-    ``maps``: the learned maps fitted for this pair (default ``config``'s). Also the learned
-    maps' intervals: per ``{map}_{mse|r2}``, a matrix of bootstrap 95% intervals [low, high]
-    over the held-out sentences, None where not fitted."""
+    None where not computed (with ``maps_only``, every pair no map is fitted on). x -> y is a
+    direction (regression, maps): never mirrored. ``maps``: the learned maps fitted for this
+    pair (default ``config``'s). Also the learned maps' intervals: per ``{map}_{mse|r2}``, a
+    matrix of bootstrap 95% intervals [low, high] over the held-out sentences, None where not
+    fitted."""
     names = measure_names(config)
     maps = _maps(config) if maps is None else maps
     fit = _fit_alignments() if config.learned else None
@@ -474,18 +480,11 @@ def compare(
     }
     for i, x in enumerate(fx.layers):
         for j, y in enumerate(fy.layers):
-            xg, yg = (x, y) if subset is None else (x[subset], y[subset])
-            values = {
-                "linear_cka": linear_cka(x, y),
-                "rbf_cka": rbf_cka(xg, yg, config.rbf_threshold),
-                "svcca": svcca(x, y, config.svcca_keep),
-                "pwcca": pwcca(x, y, config.pwcca_convention),
-                "procrustes": procrustes_distance(x, y),
-                "linreg_r2": linreg_r2(x[train], y[train], x[test], y[test]),
-            }
-            if config.debiased:
-                values["linear_cka_debiased"] = linear_cka(xg, yg, debiased=True)
-            if fit is not None and (config.all_pairs or i == j):
+            fitted = config.all_pairs or i == j
+            if config.maps_only and not fitted:
+                continue
+            values = {} if config.maps_only else _closed_form(x, y, train, test, subset, config)
+            if fit is not None and fitted:
                 learned = fit(
                     torch.from_numpy(x[train]).float(),
                     torch.from_numpy(y[train]).float(),
@@ -506,6 +505,37 @@ def compare(
             if bar is not None:
                 bar.advance(task)
     return result, intervals
+
+
+def _closed_form(
+    x: np.ndarray,
+    y: np.ndarray,
+    train: np.ndarray,
+    test: np.ndarray,
+    subset: np.ndarray | None,
+    config: SimilarityConfig,
+) -> dict[str, float]:
+    """The closed-form measures (``MEASURES``, and debiased CKA when asked) of one layer pair."""
+    xg, yg = (x, y) if subset is None else (x[subset], y[subset])
+    values = {
+        "linear_cka": linear_cka(x, y),
+        "rbf_cka": rbf_cka(xg, yg, config.rbf_threshold),
+        "svcca": svcca(x, y, config.svcca_keep),
+        "pwcca": pwcca(x, y, config.pwcca_convention),
+        "procrustes": procrustes_distance(x, y),
+        "linreg_r2": linreg_r2(x[train], y[train], x[test], y[test]),
+    }
+    if config.debiased:
+        values["linear_cka_debiased"] = linear_cka(xg, yg, debiased=True)
+    return values
+
+
+def _layer_pairs(fx: Features, fy: Features, config: SimilarityConfig) -> int:
+    """The layer pairs ``compare`` computes: all of them, or with ``maps_only`` those fitted."""
+    rows, columns = len(fx.layers), len(fy.layers)
+    if config.maps_only and not config.all_pairs:
+        return min(rows, columns)
+    return rows * columns
 
 
 def random_representatives(loaded: dict) -> dict[str, str]:
@@ -573,6 +603,8 @@ def run_similarity(
             f"--max-gram-rows must be at least 4 (debiased CKA needs 4 rows), or 0 for no cap, "
             f"got {config.max_gram_rows}"
         )
+    if config.maps_only and not config.learned:
+        raise UsageError("--maps-only keeps only the learned maps, which --no-learned skips")
     asked_maps = config.maps is not None
     skipped_maps = resolve_maps(config)  # fail before the slow part
     data = load_examples(
@@ -635,7 +667,7 @@ def run_similarity(
         plan.append(
             (_random_name(name, config.seed), _random_name(name, config.seed + 1), "random-random")
         )
-    total = sum(len(features[x].layers) * len(features[y].layers) for x, y, _ in plan)
+    total = sum(_layer_pairs(features[x], features[y], config) for x, y, _ in plan)
     unequal = [
         _unequal_widths(features[x], features[y], x, y, config, asked_maps) for x, y, _ in plan
     ]

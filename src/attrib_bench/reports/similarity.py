@@ -324,7 +324,8 @@ def similarity_tables(report: Mapping[str, Any]) -> list[Table]:
             continue
         floor = floors.get(pair["x"]) if pair["kind"] == "models" else None
         measures = pair["measures"]
-        depth = min(len(measures["linear_cka"]), len(measures["linear_cka"][0]))
+        first = next(iter(measures.values()))
+        depth = min(len(first), len(first[0]))
         title = f"{pair['x']} -> {pair['y']} ({pair['kind']}), layer pair (i, i)"
         if floor is not None:
             title += f"; in brackets the floor: {pair['x']} -> a random init of it"
