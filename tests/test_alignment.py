@@ -261,3 +261,39 @@ def test_intervals_resample_whole_sentences():
     )
     with pytest.raises(UsageError, match="one group per held-out row"):
         fit_alignments(x_train, y_train, x_test, y_test, 0, ("linear",), test_groups=[0, 1])
+
+
+def test_the_paired_interval_resamples_both_maps_with_one_draw(monkeypatch):
+    """Every map after the first gets the interval of its MSE minus the first map's, from the
+    definition: per draw of sentences (the marginal intervals' draws), the drawn sentences'
+    squared residuals of the map minus the first map's, over their cells; 2.5/97.5 percentiles."""
+    import numpy as np
+
+    from attrib_bench.analyses import alignment
+    from attrib_bench.results.stats import resample_blocks
+
+    d, n, m = 6, 300, 60
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(n + m, d, generator=generator)
+    y = torch.tanh(2 * x @ _orthogonal(d, 4)) + 0.1 * torch.randn(n + m, d, generator=generator)
+    predictions = []
+    real = alignment._scores
+    monkeypatch.setattr(
+        alignment, "_scores", lambda pred, target: predictions.append(pred) or real(pred, target)
+    )
+    groups = [row // 2 for row in range(m)]
+    scores = fit_alignments(
+        x[:n], y[:n], x[n:], y[n:], seed=5, maps=("linear", "mlp"), test_groups=groups
+    )
+    assert "mse_minus_linear_ci95" not in scores["linear"]
+    target = (y[n:] - y[:n].mean(0)) / y[:n].std(0)  # the targets in standardised units
+    squared_G = [
+        ((pred.double() - target.double()) ** 2).sum(1).reshape(m // 2, 2).sum(1).numpy()
+        for pred in predictions
+    ]
+    difference_G, cells_G = squared_G[1] - squared_G[0], np.full(m // 2, 2 * d)
+    draws = np.concatenate(list(resample_blocks(m // 2, 5)))
+    estimates = difference_G[draws].sum(1) / cells_G[draws].sum(1)
+    low, high = scores["mlp"]["mse_minus_linear_ci95"]
+    assert [low, high] == pytest.approx(np.percentile(estimates, [2.5, 97.5]).tolist(), abs=1e-5)
+    assert low < scores["mlp"]["mse"] - scores["linear"]["mse"] < high < 0  # the MLP is better

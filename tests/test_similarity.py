@@ -597,6 +597,14 @@ def test_map_epochs_bound_every_learned_map(tiny_bert, run_cli, tmp_path, monkey
     assert report["config"]["map_epochs"] == 2
     fits = len(report["pairs"]) * 4 * 2  # (i, i) of 4 layers, 2 maps, every pair
     assert budgets == [2] * fits
+    for pair in report["pairs"]:  # the MLP's paired interval against the linear map
+        keys = ["linear_mse", "linear_r2", "mlp_mse", "mlp_r2", "mlp_mse_minus_linear"]
+        assert list(pair["intervals"]) == keys
+        mse = pair["measures"]
+        for i, row in enumerate(pair["intervals"]["mlp_mse_minus_linear"]):
+            low, high = row[i]
+            assert low <= mse["mlp_mse"][i][i] - mse["linear_mse"][i][i] <= high
+            assert all(cell is None for j, cell in enumerate(row) if j != i)
 
 
 @pytest.fixture

@@ -57,7 +57,9 @@ Protocol, and where it departs from the official code on purpose:
 - With ``test_groups`` (the sentence of each held-out row) each score also gets a percentile
   bootstrap 95% interval over the held-out *sentences* (``results.stats.bootstrap_ci``): rows of
   one sentence are not independent, so the sentences are resampled whole; R^2 keeps the
-  held-out mean of all rows.
+  held-out mean of all rows. Every map after the first also gets the paired interval of its MSE
+  minus the first map's, from the same draws: two maps' own intervals can overlap while every
+  draw ranks them alike, so whether one map is better is read from this interval.
 - An INN maps R^d to R^d: when d_x != d_y the ``inn`` map is refused with a ``UsageError``
   rather than padded or projected, since any projection would make the map non-bijective and
   the comparison the map exists for meaningless. The maps are not symmetric: x -> y is fitted.
@@ -270,15 +272,22 @@ def _scores(pred: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
     }
 
 
-def _intervals(
-    pred: torch.Tensor, target: torch.Tensor, groups: np.ndarray, seed: int
-) -> dict[str, list[float]]:
-    """Bootstrap 95% intervals of the held-out MSE and R^2, resampling whole groups."""
+def _group_sums(
+    pred: torch.Tensor, target: torch.Tensor, groups: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group: the squared residuals' sum, the squares around the held-out mean, the cells."""
     residual_R = ((pred - target) ** 2).sum(dim=1).double().cpu().numpy()
     total_R = ((target - target.mean(dim=0, keepdim=True)) ** 2).sum(dim=1).double().cpu().numpy()
     _, inverse = np.unique(groups, return_inverse=True)
     residual_G, total_G = np.bincount(inverse, residual_R), np.bincount(inverse, total_R)
-    cells_G = np.bincount(inverse) * pred.shape[1]
+    return residual_G, total_G, np.bincount(inverse) * pred.shape[1]
+
+
+def _intervals(
+    pred: torch.Tensor, target: torch.Tensor, groups: np.ndarray, seed: int
+) -> dict[str, list[float]]:
+    """Bootstrap 95% intervals of the held-out MSE and R^2, resampling whole groups."""
+    residual_G, total_G, cells_G = _group_sums(pred, target, groups)
     index_G = np.arange(len(cells_G))
     return {
         "mse_ci95": bootstrap_ci(
@@ -342,7 +351,9 @@ def fit_alignments(
 
     Returns ``{map: {"mse": float, "r2": float}}`` in the order of ``maps``; with
     ``test_groups`` (one group id per held-out row: its sentence) also ``mse_ci95`` and
-    ``r2_ci95``, bootstrap intervals over the groups (module docstring). ``hidden`` is the
+    ``r2_ci95``, bootstrap intervals over the groups (module docstring), and every map after
+    the first ``mse_minus_{first}_ci95``: the interval of its MSE minus the first map's, paired
+    (each draw of groups scores both maps). ``hidden`` is the
     MLP's and the INN subnetworks' width (default 4 * max(d_x, d_y), as 768 -> 3072 officially).
     The linear map and the MLP's affine part start at the least-squares solution on the fit rows,
     the INN there too where it is invertible, else at the identity (``inn_start="identity"``:
@@ -366,6 +377,7 @@ def fit_alignments(
     n = x_train.shape[0]
     n_val = min(max(1, round(val_fraction * n)), n - 1)
     results: dict[str, dict] = {}
+    residuals: dict[str, np.ndarray] = {}
     with _fork_rng(device):
         split = torch.Generator().manual_seed(seed)
         perm = torch.randperm(n, generator=split).to(device)
@@ -396,4 +408,12 @@ def fit_alignments(
             if test_groups is not None:
                 groups = np.asarray(test_groups)
                 results[name].update(_intervals(pred, y_test, groups, seed))
+                residuals[name], _, cells_G = _group_sums(pred, y_test, groups)
+    for name in maps[1:] if test_groups is not None else ():
+        difference_G = residuals[name] - residuals[maps[0]]
+        results[name][f"mse_minus_{maps[0]}_ci95"] = bootstrap_ci(
+            np.arange(len(cells_G)),
+            seed,
+            statistic=lambda g: difference_G[g].sum() / cells_G[g].sum(),  # noqa: B023
+        )
     return results

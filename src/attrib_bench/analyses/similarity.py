@@ -462,9 +462,10 @@ def compare(
     """Every measure for every layer pair (i, j): matrices of L_x + 1 rows of L_y + 1 values,
     None where not computed (with ``maps_only``, every pair no map is fitted on). x -> y is a
     direction (regression, maps): never mirrored. ``maps``: the learned maps fitted for this
-    pair (default ``config``'s). Also the learned maps' intervals: per ``{map}_{mse|r2}``, a
-    matrix of bootstrap 95% intervals [low, high] over the held-out sentences, None where not
-    fitted."""
+    pair (default ``config``'s). Also the learned maps' intervals: per ``{map}_{mse|r2}``, and
+    per ``{map}_mse_minus_{first map}`` for every map after the first (paired: its MSE minus
+    the first map's), a matrix of bootstrap 95% intervals [low, high] over the held-out
+    sentences, None where not fitted."""
     names = measure_names(config)
     maps = _maps(config) if maps is None else maps
     fit = _fit_alignments() if config.learned else None
@@ -473,10 +474,10 @@ def compare(
     subset = gram_rows(sum(fx.rows_per_sentence), config.max_gram_rows, config.seed)
     rows, columns = len(fx.layers), len(fy.layers)
     result: dict[str, list[list]] = {n: [[None] * columns for _ in range(rows)] for n in names}
+    keys = [f"{name}_{metric}" for name in maps for metric in ("mse", "r2")]
+    keys += [f"{name}_mse_minus_{maps[0]}" for name in maps[1:]]
     intervals: dict[str, list[list]] = {
-        f"{name}_{metric}": [[None] * columns for _ in range(rows)]
-        for name in (maps if config.learned else ())
-        for metric in ("mse", "r2")
+        key: [[None] * columns for _ in range(rows)] for key in (keys if config.learned else ())
     }
     for i, x in enumerate(fx.layers):
         for j, y in enumerate(fy.layers):
@@ -499,7 +500,9 @@ def compare(
                     for metric in ("mse", "r2"):
                         if f"{name}_{metric}" in result and metric in scores:
                             values[f"{name}_{metric}"] = float(scores[metric])
-                            intervals[f"{name}_{metric}"][i][j] = scores[f"{metric}_ci95"]
+                    for key, interval in scores.items():
+                        if key.endswith("_ci95") and f"{name}_{key[:-5]}" in intervals:
+                            intervals[f"{name}_{key[:-5]}"][i][j] = interval
             for name, value in values.items():
                 result[name][i][j] = None if value is None or np.isnan(value) else value
             if bar is not None:
