@@ -71,7 +71,7 @@ def fmt(value: float | None, digits: int = 3) -> str:
 
 
 def similarity_lines(report: dict, measures: tuple[str, ...], title: str) -> list[str]:
-    layers = len(diagonal(report["pairs"][0]["measures"]["linear_cka"]))
+    layers = len(diagonal(report["pairs"][0]["measures"][measures[0]]))
     seeds = per_layer(report, "models", measures[0]).shape[0]
     lines = [
         title,
@@ -247,7 +247,7 @@ def main() -> None:
     timings["similarity_s"] = round(time.perf_counter() - start, 1)
     start = time.perf_counter()
     learned = run_similarity(
-        SimilarityConfig(models=models[:2], **common), architectures=ARCHITECTURES
+        SimilarityConfig(models=models[:2], maps_only=True, **common), architectures=ARCHITECTURES
     )
     timings["learned_maps_s"] = round(time.perf_counter() - start, 1)
 
