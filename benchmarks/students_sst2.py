@@ -151,9 +151,11 @@ def reinit_top(value: str) -> int:
 
 def markdown(report: dict) -> str:
     every = report["config"].get("reinit_top", "all") == "all"
-    which = "every weight" if every else "every layer, the teacher's embeddings"
+    which = "every weight from the seed" if every else "every layer from the seed"
+    if not every:
+        which += ", the teacher's embeddings"
     lines = [
-        f"# Students of MiniLM-L6 ({which} from the seed) against the teacher, SST-2",
+        f"# Students of MiniLM-L6 ({which}) against the teacher, SST-2",
         "",
         f"`python benchmarks/students_sst2.py` on {report['machine']}; load average "
         f"{report['load_average']['before'][0]:.1f} before, "
