@@ -297,3 +297,29 @@ def test_the_paired_interval_resamples_both_maps_with_one_draw(monkeypatch):
     low, high = scores["mlp"]["mse_minus_linear_ci95"]
     assert [low, high] == pytest.approx(np.percentile(estimates, [2.5, 97.5]).tolist(), abs=1e-5)
     assert low < scores["mlp"]["mse"] - scores["linear"]["mse"] < high < 0  # the MLP is better
+
+
+def test_the_inn_starts_at_least_squares_when_the_rows_lie_in_a_hyperplane():
+    """Post-LayerNorm states lie in a hyperplane: least squares is singular along its normal,
+    which no row reaches. The INN starts at an invertible completion of the rank-truncated
+    solution, so it aligns a rotation as the linear map does, within one epoch; before, it
+    started at the identity."""
+    from attrib_bench.analyses.alignment import invertible_lstsq, ridge_lstsq
+
+    d, n = 16, 800
+    generator = torch.Generator().manual_seed(7)
+    normal = torch.nn.functional.normalize(torch.randn(d, generator=generator), dim=0)
+    z = torch.randn(n, d, generator=generator) * torch.linspace(0.5, 3.0, d)
+    x = z - (z @ normal)[:, None] * normal + 2.0 * normal  # x . normal = 2 on every row
+    y = x @ _orthogonal(d, 8) + 0.05 * torch.randn(n, d, generator=generator)
+    values = torch.linalg.svdvals(ridge_lstsq(x[:600], y[:600])[0].double())
+    assert values.min() < 1e-4 * values.max()  # plain least squares fits noise along the normal
+    weights, bias = invertible_lstsq(x[:600], y[:600])
+    values = torch.linalg.svdvals(weights.double())
+    assert values.min() > 0.1 * values.max()
+    residual = (x[600:] @ weights + bias - y[600:]).pow(2).mean()
+    assert residual < 1.2 * 0.05**2  # the noise, no more
+    scores = fit_alignments(
+        x[:600], y[:600], x[600:], y[600:], seed=0, maps=("linear", "inn"), max_epochs=1
+    )
+    assert scores["inn"]["r2"] > scores["linear"]["r2"] - 1e-3 > 0.99, scores

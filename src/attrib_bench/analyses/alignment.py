@@ -31,9 +31,12 @@ first early-stopping mark, so training keeps the start unless it improves on the
 - ``inn`` starts at that same least-squares solution, held by its last linear layer (its
   couplings and other linear layers start as the identity), where the solution is invertible
   (its singular values within ``invertible_maps.SINGULAR`` of each other's scale); so it starts
-  no worse than the linear map and can only add a bijective correction. Where the solution is
-  singular (the under-determined regime, n <= d: rank < d), composing with it would make the
-  map non-bijective, which is what the INN exists to rule out, so it starts at the identity,
+  no worse than the linear map and can only add a bijective correction. Where the rows
+  outnumber the features but span fewer directions (post-LayerNorm states lie in a
+  hyperplane), it starts at an invertible completion of the rank-truncated solution
+  (``invertible_lstsq``), which predicts the fit rows as that solution does. With no more rows
+  than features (n <= d: rank < d), composing with the singular solution would make the map
+  non-bijective, which is what the INN exists to rule out, so it starts at the identity,
   the exact answer for a model compared with itself. ``inn_start="identity"`` always starts
   there; from the identity, an LU layer keeps the signs of its leading minors, so it cannot
   reach every rotation (a random one of d = 8: R^2 0.86).
@@ -162,13 +165,39 @@ class _Residual(nn.Module):
         return self.linear(x) + self.mlp(x)
 
 
+def invertible_lstsq(x: torch.Tensor, y: torch.Tensor):
+    """``ridge_lstsq``, made invertible where x's rows span fewer than d_x directions although
+    they outnumber them (post-LayerNorm states lie in a hyperplane), so that the INN can start
+    there: the least-squares solution truncated to x's numerical rank (numpy's ``matrix_rank``
+    rule at x's precision), plus a map of x's k null directions onto the k directions that
+    solution leaves out of its image, scaled by its median singular value. Nothing x's rows
+    contain reaches the added part, so the fit rows' predictions are the truncated solution's.
+    Returns ``ridge_lstsq``'s answer when x has full rank, or has no more rows than d_x, or the
+    widths differ."""
+    n, d = x.shape
+    if n <= d or d != y.shape[1]:
+        return ridge_lstsq(x, y)
+    xd, yd = x.double(), y.double()
+    mean_x, mean_y = xd.mean(dim=0), yd.mean(dim=0)
+    u, s, vh = torch.linalg.svd(xd - mean_x, full_matrices=False)
+    rank = int((s > s[0] * max(n, d) * torch.finfo(x.dtype).eps).sum())
+    if rank == d:
+        return ridge_lstsq(x, y)
+    weights = vh[:rank].T @ ((u[:, :rank].T @ (yd - mean_y)) / s[:rank, None])
+    _, values, image_h = torch.linalg.svd(weights)
+    weights = weights + values[:rank].median() * vh[rank:].T @ image_h[rank:]
+    bias = mean_y - mean_x @ weights
+    return weights.to(x.dtype), bias.to(x.dtype)
+
+
 def _linear_start(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
     """Start the map at the closed-form least-squares solution on (x, y): the linear map and
-    the MLP's affine part always, the INN where that solution is invertible."""
-    weights, bias = ridge_lstsq(x, y)
+    the MLP's affine part always, the INN where that solution is, or can be made, invertible
+    (``invertible_lstsq``)."""
     if hasattr(model, "start_at"):
-        model.start_at(weights, bias)
+        model.start_at(*invertible_lstsq(x, y))
         return
+    weights, bias = ridge_lstsq(x, y)
     linear = model if isinstance(model, nn.Linear) else model.linear
     with torch.no_grad():
         linear.weight.copy_(weights.T)
