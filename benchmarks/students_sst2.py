@@ -74,13 +74,18 @@ def number(value) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
+def header(first_column: str, layers: int) -> list[str]:
+    """A table's head: the first column, the pair kind, then one column per layer."""
+    return [
+        f"| {first_column} | pairs | " + " | ".join(f"L{i}" for i in range(layers)) + " |",
+        "|---|---|" + "---|" * layers,
+    ]
+
+
 def cka_lines(report: dict) -> list[str]:
     """Per measure and pair kind, the diagonal (i, i): seeds as mean [min, max] over the pairs."""
     layers = len(diagonal(report["pairs"][0]["measures"]["linear_cka"]))
-    lines = [
-        "| measure | pairs | " + " | ".join(f"L{i}" for i in range(layers)) + " |",
-        "|---|---|" + "---|" * layers,
-    ]
+    lines = header("measure", layers)
     for measure in CKA_FAMILY:
         for kind, label in KINDS:
             rows = [diagonal(p["measures"][measure]) for p in report["pairs"] if p["kind"] == kind]
@@ -100,10 +105,7 @@ def cka_lines(report: dict) -> list[str]:
 def map_lines(report: dict, maps: list[str]) -> list[str]:
     """Per map and pair kind, the held-out MSE on the diagonal with its interval."""
     layers = len(diagonal(report["pairs"][0]["measures"][f"{maps[0]}_mse"]))
-    lines = [
-        "| map | pairs | " + " | ".join(f"L{i}" for i in range(layers)) + " |",
-        "|---|---|" + "---|" * layers,
-    ]
+    lines = header("map", layers)
     for name in maps:
         for kind, label in KINDS:
             for pair in (p for p in report["pairs"] if p["kind"] == kind):
@@ -125,10 +127,7 @@ def paired_lines(report: dict, maps: list[str]) -> list[str]:
     diagonal, with the paired bootstrap interval (one draw of sentences scores both maps)."""
     first = maps[0]
     layers = len(diagonal(report["pairs"][0]["measures"][f"{first}_mse"]))
-    lines = [
-        "| map | pairs | " + " | ".join(f"L{i}" for i in range(layers)) + " |",
-        "|---|---|" + "---|" * layers,
-    ]
+    lines = header("map", layers)
     for name in maps[1:]:
         for kind, label in KINDS:
             pair = next((p for p in report["pairs"] if p["kind"] == kind), None)

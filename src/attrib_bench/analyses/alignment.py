@@ -313,10 +313,9 @@ def _group_sums(
 
 
 def _intervals(
-    pred: torch.Tensor, target: torch.Tensor, groups: np.ndarray, seed: int
+    residual_G: np.ndarray, total_G: np.ndarray, cells_G: np.ndarray, seed: int
 ) -> dict[str, list[float]]:
     """Bootstrap 95% intervals of the held-out MSE and R^2, resampling whole groups."""
-    residual_G, total_G, cells_G = _group_sums(pred, target, groups)
     index_G = np.arange(len(cells_G))
     return {
         "mse_ci95": bootstrap_ci(
@@ -435,9 +434,9 @@ def fit_alignments(
                 pred = model(x_test)
             results[name] = _scores(pred, y_test)
             if test_groups is not None:
-                groups = np.asarray(test_groups)
-                results[name].update(_intervals(pred, y_test, groups, seed))
-                residuals[name], _, cells_G = _group_sums(pred, y_test, groups)
+                residual_G, total_G, cells_G = _group_sums(pred, y_test, np.asarray(test_groups))
+                results[name].update(_intervals(residual_G, total_G, cells_G, seed))
+                residuals[name] = residual_G
     for name in maps[1:] if test_groups is not None else ():
         difference_G = residuals[name] - residuals[maps[0]]
         results[name][f"mse_minus_{maps[0]}_ci95"] = bootstrap_ci(
