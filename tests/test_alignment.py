@@ -323,3 +323,30 @@ def test_the_inn_starts_at_least_squares_when_the_rows_lie_in_a_hyperplane():
         x[:600], y[:600], x[600:], y[600:], seed=0, maps=("linear", "inn"), max_epochs=1
     )
     assert scores["inn"]["r2"] > scores["linear"]["r2"] - 1e-3 > 0.99, scores
+
+
+def test_the_inn_starts_at_least_squares_when_that_solution_is_ill_conditioned():
+    """Where y hardly depends on x along some directions (a seed against a random init), the
+    least-squares solution's singular values span more than 1e4 and the INN used to refuse it
+    and start at the identity, worse than the linear map after training. Its start now raises
+    those singular values to 1e-3 of the largest, so it predicts as least squares does."""
+    from attrib_bench.analyses.alignment import CONDITION, invertible_lstsq, ridge_lstsq
+
+    d, n = 16, 800
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(n, d, generator=generator)
+    gains = torch.logspace(0, -6, d)
+    y = x @ (_orthogonal(d, 4) * gains) @ _orthogonal(d, 5)
+    y = y + 1e-7 * torch.randn(n, d, generator=generator)
+    values = torch.linalg.svdvals(ridge_lstsq(x[:600], y[:600])[0].double())
+    assert values.min() < 1e-4 * values.max()  # invertible_maps.SINGULAR would refuse it
+    weights, bias = invertible_lstsq(x[:600], y[:600])
+    values = torch.linalg.svdvals(weights.double())
+    assert values.min() == pytest.approx(CONDITION * values.max(), rel=1e-3)
+    plain = ridge_lstsq(x[:600], y[:600])
+    moved = (x[600:] @ weights + bias) - (x[600:] @ plain[0] + plain[1])
+    assert moved.pow(2).mean() < (CONDITION * values.max()) ** 2  # at most that share per gain
+    scores = fit_alignments(
+        x[:600], y[:600], x[600:], y[600:], seed=0, maps=("linear", "inn"), max_epochs=1
+    )
+    assert scores["inn"]["mse"] < scores["linear"]["mse"] + 1e-3, scores

@@ -34,7 +34,9 @@ first early-stopping mark, so training keeps the start unless it improves on the
   no worse than the linear map and can only add a bijective correction. Where the rows
   outnumber the features but span fewer directions (post-LayerNorm states lie in a
   hyperplane), it starts at an invertible completion of the rank-truncated solution
-  (``invertible_lstsq``), which predicts the fit rows as that solution does. With no more rows
+  (``invertible_lstsq``), which predicts the fit rows as that solution does; where y hardly
+  depends on x (a random-init floor), the solution's singular values span more than 1e4, and
+  those below 1e-3 of the largest are raised to that share. With no more rows
   than features (n <= d: rank < d), composing with the singular solution would make the map
   non-bijective, which is what the INN exists to rule out, so it starts at the identity,
   the exact answer for a model compared with itself. ``inn_start="identity"`` always starts
@@ -94,6 +96,9 @@ CHOICES = MAPS + OPTIONAL_MAPS
 INVERTIBLE_MAPS = ("inn", "bert-inn")
 #: Where the INN starts: the least-squares solution where invertible, or the identity.
 INN_STARTS = ("least-squares", "identity")
+#: The smallest singular value ``invertible_lstsq`` leaves, as a share of the largest: ten times
+#: ``invertible_maps.SINGULAR``, below which the INN would refuse the start.
+CONDITION = 1e-3
 #: The cosine schedule ends at this share of the starting learning rate.
 LR_FLOOR = 0.1
 _EPS = 1e-8
@@ -166,14 +171,18 @@ class _Residual(nn.Module):
 
 
 def invertible_lstsq(x: torch.Tensor, y: torch.Tensor):
-    """``ridge_lstsq``, made invertible where x's rows span fewer than d_x directions although
-    they outnumber them (post-LayerNorm states lie in a hyperplane), so that the INN can start
-    there: the least-squares solution truncated to x's numerical rank (numpy's ``matrix_rank``
-    rule at x's precision), plus a map of x's k null directions onto the k directions that
-    solution leaves out of its image, scaled by its median singular value. Nothing x's rows
-    contain reaches the added part, so the fit rows' predictions are the truncated solution's.
-    Returns ``ridge_lstsq``'s answer when x has full rank, or has no more rows than d_x, or the
-    widths differ."""
+    """``ridge_lstsq``, made invertible and well conditioned when x's rows outnumber its width,
+    so that the INN can start there.
+
+    Where the rows span fewer than d_x directions (post-LayerNorm states lie in a hyperplane):
+    the least-squares solution truncated to x's numerical rank (numpy's ``matrix_rank`` rule at
+    x's precision), plus a map of x's k null directions onto the k directions that solution
+    leaves out of its image, scaled by its median singular value; nothing x's rows contain
+    reaches the added part, so the fit rows' predictions are the truncated solution's. Then, in
+    every case, singular values below ``CONDITION`` of the largest are raised to that share (y
+    nearly independent of x leaves a solution conditioned worse than 1e4): the fit rows'
+    predictions move by at most that share of the largest gain along those directions.
+    Returns ``ridge_lstsq``'s answer when x has no more rows than d_x, or the widths differ."""
     n, d = x.shape
     if n <= d or d != y.shape[1]:
         return ridge_lstsq(x, y)
@@ -181,11 +190,13 @@ def invertible_lstsq(x: torch.Tensor, y: torch.Tensor):
     mean_x, mean_y = xd.mean(dim=0), yd.mean(dim=0)
     u, s, vh = torch.linalg.svd(xd - mean_x, full_matrices=False)
     rank = int((s > s[0] * max(n, d) * torch.finfo(x.dtype).eps).sum())
-    if rank == d:
-        return ridge_lstsq(x, y)
     weights = vh[:rank].T @ ((u[:, :rank].T @ (yd - mean_y)) / s[:rank, None])
-    _, values, image_h = torch.linalg.svd(weights)
-    weights = weights + values[:rank].median() * vh[rank:].T @ image_h[rank:]
+    left, values, image_h = torch.linalg.svd(weights)
+    if rank < d:
+        weights = weights + values[:rank].median() * vh[rank:].T @ image_h[rank:]
+        left, values, image_h = torch.linalg.svd(weights)
+    if values[-1] < CONDITION * values[0]:
+        weights = left @ torch.diag(values.clamp(min=CONDITION * values[0])) @ image_h
     bias = mean_y - mean_x @ weights
     return weights.to(x.dtype), bias.to(x.dtype)
 
