@@ -200,15 +200,15 @@ def test_inn_map_is_invertible():
 
 
 @pytest.mark.parametrize(
-    ("d", "n", "rank", "seed"),
+    ("d", "n", "rank", "seed", "inn_start"),
     [
-        (32, 60, None, 0),  # 38 fit rows > d: the ordinary least-squares start
-        (64, 120, None, 1),  # 76 fit rows > d
-        (64, 100, 24, 2),  # 64 fit rows <= d, low-rank features (as hidden states): ridge start
-        (48, 80, 16, 3),  # 51 fit rows, effective rank 16
+        (32, 60, None, 0, "least-squares"),  # 38 fit rows > d: the ordinary least-squares start
+        (64, 120, None, 1, "least-squares"),  # 76 fit rows > d
+        (64, 100, 24, 2, "identity"),  # 64 fit rows <= d, low-rank features: ridge start
+        (48, 80, 16, 3, "least-squares"),  # 51 fit rows, effective rank 16
     ],
 )
-def test_every_map_recovers_the_identity(d, n, rank, seed):
+def test_every_map_recovers_the_identity(d, n, rank, seed, inn_start):
     # A model compared with itself (y = x) in the few-rows regime of real runs (n < 2d): every
     # map must start at (or reach) the identity; before the least-squares start, Adam from a
     # random init left the linear map at MSE ~0.8 and the MLP at ~0.2-0.6 on MiniLM vs itself.
@@ -223,6 +223,8 @@ def test_every_map_recovers_the_identity(d, n, rank, seed):
     for name, s in scores.items():
         assert s["mse"] < 1e-3, (name, scores)
         assert s["r2"] > 0.999, (name, scores)
+    assert scores["inn"]["start"] == inn_start  # the report says where the INN began
+    assert "start" not in scores["linear"] and "start" not in scores["mlp"]
 
 
 def test_intervals_resample_whole_sentences():
@@ -350,3 +352,9 @@ def test_the_inn_starts_at_least_squares_when_that_solution_is_ill_conditioned()
         x[:600], y[:600], x[600:], y[600:], seed=0, maps=("linear", "inn"), max_epochs=1
     )
     assert scores["inn"]["mse"] < scores["linear"]["mse"] + 1e-3, scores
+    assert scores["inn"]["start"] == "least-squares"
+    scores = fit_alignments(
+        x[:600], y[:600], x[600:], y[600:], seed=0, maps=("inn",), max_epochs=1,
+        inn_start="identity",
+    )  # fmt: skip
+    assert scores["inn"]["start"] == "identity"

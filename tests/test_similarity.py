@@ -223,7 +223,7 @@ def test_capped_gram_measures_use_exactly_the_paired_subset():
     x, y = _pair(n=90, d1=6, d2=5)
     cap, seed = 25, 3
     config = _config(max_gram_rows=cap, seed=seed)
-    result, _ = compare(_features([x]), _features([y]), config)
+    result, *_ = compare(_features([x]), _features([y]), config)
     rows = gram_rows(90, cap, seed)
     xs, ys = x[rows], y[rows]
     assert result["rbf_cka"][0][0] == pytest.approx(_cka(_rbf(xs, 1.0), _rbf(ys, 1.0)), abs=1e-10)
@@ -235,19 +235,19 @@ def test_capped_gram_measures_use_exactly_the_paired_subset():
     assert result["linear_cka"][0][0] == pytest.approx(_cka(x @ x.T, y @ y.T), abs=1e-10)
     assert result["procrustes"][0][0] == procrustes_distance(x, y)
     # paired: the same rows for x and y, so a model against itself stays at 1
-    itself, _ = compare(_features([x]), _features([x]), config)
+    itself, *_ = compare(_features([x]), _features([x]), config)
     assert itself["rbf_cka"][0][0] == pytest.approx(1, abs=1e-12)
     assert itself["linear_cka_debiased"][0][0] == pytest.approx(1, abs=1e-12)
     # reproducible from the seed, and the seed matters
     assert compare(_features([x]), _features([y]), config)[0] == result
-    other, _ = compare(_features([x]), _features([y]), _config(max_gram_rows=cap, seed=seed + 1))
+    other, *_ = compare(_features([x]), _features([y]), _config(max_gram_rows=cap, seed=seed + 1))
     assert other["rbf_cka"][0][0] != result["rbf_cka"][0][0]
 
 
 def test_below_the_cap_nothing_changes():
     x, y = _pair(n=40)
-    capped, _ = compare(_features([x]), _features([y]), _config(max_gram_rows=40))
-    uncapped, _ = compare(_features([x]), _features([y]), _config(max_gram_rows=None))
+    capped, *_ = compare(_features([x]), _features([y]), _config(max_gram_rows=40))
+    uncapped, *_ = compare(_features([x]), _features([y]), _config(max_gram_rows=None))
     assert capped == uncapped
     assert capped["rbf_cka"][0][0] == rbf_cka(x, y)
     assert capped["linear_cka_debiased"][0][0] == linear_cka(x, y, debiased=True)
@@ -642,9 +642,13 @@ def test_models_of_different_widths_skip_the_inn_for_their_pair(
     assert f"{tiny_bert} has 32, {narrow_bert} 16" in pairs[0]["skipped_maps"]["inn"]
     assert all(v is None for row in pairs[0]["measures"]["inn_r2"] for v in row)
     assert all(pairs[0]["measures"]["linear_r2"][i][i] is not None for i in range(4))
+    assert pairs[0]["starts"] == {}  # no INN, so no start to report
     for pair in pairs[1:]:  # a model and its random init: one width
         assert pair["skipped_maps"] == {}
         assert pair["measures"]["inn_r2"][0][0] is not None
+        starts = pair["starts"]["inn"]  # where each diagonal INN began, None elsewhere
+        assert all(starts[i][i] in ("least-squares", "identity") for i in range(4)), starts
+        assert all(starts[i][j] is None for i in range(4) for j in range(4) if i != j)
     for pair in pairs:
         fitted = ("linear", "mlp") if pair is pairs[0] else ("linear", "mlp", "inn")
         for name in (f"{m}_{score}" for m in ("linear", "mlp", "inn") for score in ("mse", "r2")):

@@ -388,7 +388,9 @@ def fit_alignments(
 ) -> dict[str, dict]:
     """Fit each map x -> y on the training rows; score it on the held-out rows.
 
-    Returns ``{map: {"mse": float, "r2": float}}`` in the order of ``maps``; with
+    Returns ``{map: {"mse": float, "r2": float}}`` in the order of ``maps``, the INN's also
+    with ``"start"``, the one of ``INN_STARTS`` it took (a refused least-squares start is the
+    identity); with
     ``test_groups`` (one group id per held-out row: its sentence) also ``mse_ci95`` and
     ``r2_ci95``, bootstrap intervals over the groups (module docstring), and every map after
     the first ``mse_minus_{first}_ci95``: the interval of its MSE minus the first map's, paired
@@ -444,6 +446,8 @@ def fit_alignments(
             with torch.no_grad():
                 pred = model(x_test)
             results[name] = _scores(pred, y_test)
+            if name == "inn":
+                results[name]["start"] = model.start
             if test_groups is not None:
                 residual_G, total_G, cells_G = _group_sums(pred, y_test, np.asarray(test_groups))
                 results[name].update(_intervals(residual_G, total_G, cells_G, seed))

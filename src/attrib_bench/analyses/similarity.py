@@ -458,14 +458,15 @@ def resolve_maps(config: SimilarityConfig) -> dict[str, str]:
 
 def compare(
     fx: Features, fy: Features, config: SimilarityConfig, bar=None, task=None, maps=None
-) -> tuple[dict, dict]:
+) -> tuple[dict, dict, dict]:
     """Every measure for every layer pair (i, j): matrices of L_x + 1 rows of L_y + 1 values,
     None where not computed (with ``maps_only``, every pair no map is fitted on). x -> y is a
     direction (regression, maps): never mirrored. ``maps``: the learned maps fitted for this
     pair (default ``config``'s). Also the learned maps' intervals: per ``{map}_{mse|r2}``, and
     per ``{map}_mse_minus_{first map}`` for every map after the first (paired: its MSE minus
     the first map's), a matrix of bootstrap 95% intervals [low, high] over the held-out
-    sentences, None where not fitted."""
+    sentences, None where not fitted. And the starts: ``{"inn": matrix}`` of where the INN
+    began (``alignment.INN_STARTS``), None where not fitted; empty without the INN."""
     names = measure_names(config)
     maps = _maps(config) if maps is None else maps
     fit = _fit_alignments() if config.learned else None
@@ -478,6 +479,10 @@ def compare(
     keys += [f"{name}_mse_minus_{maps[0]}" for name in maps[1:]]
     intervals: dict[str, list[list]] = {
         key: [[None] * columns for _ in range(rows)] for key in (keys if config.learned else ())
+    }
+    starts: dict[str, list[list]] = {
+        name: [[None] * columns for _ in range(rows)]
+        for name in (("inn",) if config.learned and "inn" in maps else ())
     }
     for i, x in enumerate(fx.layers):
         for j, y in enumerate(fy.layers):
@@ -503,11 +508,13 @@ def compare(
                     for key, interval in scores.items():
                         if key.endswith("_ci95") and f"{name}_{key[:-5]}" in intervals:
                             intervals[f"{name}_{key[:-5]}"][i][j] = interval
+                    if name in starts:
+                        starts[name][i][j] = scores["start"]
             for name, value in values.items():
                 result[name][i][j] = None if value is None or np.isnan(value) else value
             if bar is not None:
                 bar.advance(task)
-    return result, intervals
+    return result, intervals, starts
 
 
 def _closed_form(
@@ -679,7 +686,7 @@ def run_similarity(
         task = bar.add_task("layer pairs", total=total)
         for (x, y, kind), skipped in zip(plan, unequal, strict=True):
             maps = [name for name in _maps(config) if name not in skipped]
-            measures, intervals = compare(features[x], features[y], config, bar, task, maps)
+            measures, intervals, starts = compare(features[x], features[y], config, bar, task, maps)
             pairs.append(
                 {
                     "x": x,
@@ -687,6 +694,7 @@ def run_similarity(
                     "kind": kind,
                     "measures": measures,
                     "intervals": intervals,
+                    "starts": starts,
                     "skipped_maps": skipped,
                 }
             )
