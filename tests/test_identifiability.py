@@ -174,3 +174,33 @@ def test_first_fold_rate_search_reuses_the_first_choice(monkeypatch, search):
     )
     for name, per_layer in result["rates"].items():
         assert [rates[0] for rates in per_layer] == [r[0] for r in other["rates"][name]]
+
+
+def test_hta_time_left_weighs_pairs_by_their_length(monkeypatch):
+    """HTA takes the sentences longest first and a pair of n tokens costs about n^2 (n passes
+    over n tokens): after the first of a 40-token and three 20-token pairs, the time left is
+    the three short pairs' 3 x 400 units at the first's rate, not three of its own duration."""
+    import io
+
+    from rich.console import Console
+
+    from attrib_bench.analyses import identifiability as module
+    from attrib_bench.core.console import Progress
+
+    now = [0.0]
+    buffer = io.StringIO()
+    progress = Progress(console=Console(file=buffer, width=200), clock=lambda: now[0], every=0)
+    monkeypatch.setattr(module.console, "progress", lambda: progress)
+
+    def contributions(loaded, x_ND, norm, targets):
+        n = x_ND.shape[0]
+        now[0] += n * n / 100  # 16 s for 40 tokens, 4 s for 20
+        return torch.rand(2, n, n)
+
+    monkeypatch.setattr(module, "contributions", contributions)
+    sentences = [torch.zeros(3, n, 4) for n in (40, 20, 20, 20)]
+    config = IdentifiabilityConfig(model="unused", hta_limit=4)
+    module.hta_analysis(type("Loaded", (), {"device": "cpu"})(), sentences, config)
+    lines = buffer.getvalue().splitlines()
+    assert lines[1] == "HTA (sum): 1/4 (25%), 16s elapsed, ~12s left", lines
+    assert lines[-1].startswith("HTA (sum): 4/4 (100%), 28s elapsed"), lines

@@ -250,9 +250,12 @@ def hta_analysis(loaded: LoadedModel, sentences: list, config: IdentifiabilityCo
     own = [[] for _ in range(layers)]
     top = [[] for _ in range(layers)]
     by_distance: list[dict[int, list[float]]] = [{} for _ in range(layers)]
+    # A pair of n tokens costs about n passes over n tokens; the sentences come longest first
+    # (``make_batches``' order), so a count of pairs would overstate the time left.
+    work = [states.shape[1] ** 2 for states in chosen]
     with console.progress() as bar:
-        task = bar.add_task(f"HTA ({config.hta_norm})", total=len(chosen))
-        for states in chosen:
+        task = bar.add_task(f"HTA ({config.hta_norm})", total=len(chosen), work=sum(work))
+        for states, cost in zip(chosen, work, strict=True):
             x_ND = states[0].to(loaded.device)
             n = x_ND.shape[0]
             c_LJN = contributions(loaded, x_ND, config.hta_norm, targets=range(n)).cpu()
@@ -263,7 +266,7 @@ def hta_analysis(loaded: LoadedModel, sentences: list, config: IdentifiabilityCo
                 top[layer] += (matrix.argmax(dim=1) == torch.arange(n)).float().tolist()
                 for gap in range(n):
                     by_distance[layer].setdefault(gap, []).extend(matrix[distance == gap].tolist())
-            bar.advance(task)
+            bar.advance(task, work=cost)
     return {
         "norm": config.hta_norm,
         "sentences": len(chosen),
