@@ -2,28 +2,36 @@
 
     python benchmarks/invariance_sst2.py [--seeds 0,1,2,3,4] [--train-limit 8000]
         [--similarity-limit 1200] [--dev-limit N] [--device cpu]
+        [--maps linear,mlp,inn] [--map-epochs 300] [--maps-only]
 
 1. Fine-tunes MiniLM once per seed on the first ``--train-limit`` SST-2 train sentences (one
    epoch; cached like ``attrib-bench finetune --seeds``) and reports each seed's dev accuracy.
 2. Representation similarity (``attrib-bench similarity``) between every pair of seeds on the
    first ``--similarity-limit`` SST-2 train sentences, sentence means, every layer pair, with
-   the random-init floors; the learned maps (linear, MLP, INN) on the diagonal for the first
-   two seeds and their floors (they cost minutes per pair).
+   the random-init floors; the learned maps ``--maps`` on the diagonal for the first two seeds
+   and their floors (they cost minutes per pair), held-out MSE with bootstrap intervals over
+   sentences and each map's paired interval against the linear map.
 3. The seed-invariance evaluator (``attrib-bench run --models``) for every built-in attributor
    of the default run on the SST-2 dev sentences: Spearman and top-5 Jaccard between every pair
    of seeds, and each seed against a random init (the floor), with bootstrap CIs; and the
    Kendall tau of the method ranking (Spearman with saliency) between seeds.
 4. Writes benchmarks/results/invariance_sst2.{json,md,png}.
+
+``--maps-only`` reruns step 2's learned maps alone and keeps every other section of the
+committed JSON, after checking that it holds the same seeds and sentences; the maps must then
+read the same weights as the committed similarity run (checked by their sha256).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from pathlib import Path
 
 import numpy as np
+from students_sst2 import check_weights, map_lines, paired_lines  # as the students'
 
 from attrib_bench.analyses.similarity import SimilarityConfig, run_similarity
 from attrib_bench.core.registry import load_registry
@@ -43,7 +51,7 @@ ARCHITECTURES = load_registry().architecture_specs()
 SST2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2"
 RESULTS = Path(__file__).parent / "results"
 CKA_FAMILY = ("linear_cka", "rbf_cka", "svcca", "pwcca", "procrustes", "linreg_r2")
-LEARNED = ("linear_mse", "mlp_mse", "inn_mse")
+JSON, MARKDOWN, PLOT = (RESULTS / f"invariance_sst2.{suffix}" for suffix in ("json", "md", "png"))
 INVARIANCE = (
     ("seed-invariance", "Spearman, seeds"),
     ("seed-invariance:against=random-init", "Spearman, floor"),
@@ -174,15 +182,15 @@ def plot(similarity: dict, learned: dict, document: dict, path: Path) -> None:
         title="linear CKA, layer i vs layer i", xlabel="layer (0 = embeddings)", ylim=(0, 1.05)
     )
     axes[0].legend(fontsize=8)
-    for measure in LEARNED:
+    for name in learned["config"]["maps"]:
         for kind, style in (("models", "-"), ("random-floor", ":")):
-            values = per_layer(learned, kind, measure)
+            values = per_layer(learned, kind, f"{name}_mse")
             if values.size:
                 axes[1].plot(
                     np.nanmean(values, axis=0),
                     style,
                     marker="o",
-                    label=f"{measure} ({labels[kind]})",
+                    label=f"{name} ({labels[kind]})",
                 )
     axes[1].set(
         title="held-out MSE of learned maps (seed 0 -> seed 1)", xlabel="layer (0 = embeddings)"
@@ -219,6 +227,63 @@ def summary(document: dict) -> dict:
     return {**{k: v for k, v in document.items() if k != "cache"}, "methods": methods}
 
 
+def learned_section(learned: dict, maps: list[str], rerun: dict | None) -> list[str]:
+    """The learned maps' tables (the students' layout), with how and where they were rerun."""
+    lines = ["## Learned alignment maps, seed 0 -> seed 1 (held-out 30% of the sentences)", ""]
+    if rerun is not None:
+        lines += [
+            f"Rerun alone with `{rerun['command']}` ({rerun['seconds']} s; load average "
+            f"{rerun['load_before']:.1f} before, {rerun['load_after']:.1f} after): the maps "
+            f"read the same weights as the similarity run above (sha256 checked), from the "
+            f"cache directories {', '.join(f'`{name}`' for name in rerun['directories'])}.",
+            "",
+        ]
+    epochs = learned["config"].get("map_epochs")
+    return [
+        *lines,
+        f"Each map trained for at most {epochs} epochs. Held-out MSE in standardised units "
+        "[bootstrap 95% interval over the held-out sentences]; `floor`: seed 0 -> a random "
+        "init; `random`: random init -> another.",
+        "",
+        *map_lines(learned, maps),
+        "",
+        f"Each map's held-out MSE minus `{maps[0]}`'s, with the paired bootstrap 95% interval "
+        "(each draw of held-out sentences scores both maps); below zero: the map aligns better.",
+        "",
+        *paired_lines(learned, maps),
+        "",
+    ]
+
+
+def markdown(result: dict) -> str:
+    """The whole page from the JSON, so a rerun of one stage renders it again."""
+    similarity, learned = result["similarity"], result["learned_maps"]
+    maps = learned["config"]["maps"]
+    directories = [Path(model["name"]).name for model in similarity["models"]]
+    lines = [
+        "# Invariance across fine-tuning seeds: MiniLM-L6 on SST-2",
+        "",
+        f"`python benchmarks/invariance_sst2.py` on {os.cpu_count()} CPU cores, no GPU "
+        f"(load average {result['load_average']:.1f} at the end of the whole run); seconds: "
+        f"{result['timings']}.",
+        "",
+        "| seed | dev accuracy | fine-tuning seconds | model directory |",
+        "|---|---|---|---|",
+    ]
+    for seed, meta, name in zip(result["seeds"], result["finetune"], directories, strict=True):
+        lines.append(f"| {seed} | {meta['eval_accuracy']:.4f} | {meta['seconds']} | `{name}` |")
+    lines += [""]
+    lines += similarity_lines(
+        similarity,
+        CKA_FAMILY,
+        f"## Representation similarity ({similarity['dataset']['sentences']} SST-2 train "
+        "sentences, sentence means)",
+    )
+    lines += learned_section(learned, maps, result.get("learned_maps_rerun"))
+    lines += ["## Seed invariance of attributions", "", *invariance_lines(result["invariance"])]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2,3,4")
@@ -226,9 +291,24 @@ def main() -> None:
     parser.add_argument("--similarity-limit", type=int, default=1200)
     parser.add_argument("--dev-limit", type=int, default=None)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--maps", default="linear,mlp,inn")
+    parser.add_argument("--map-epochs", type=int, default=300, help="each map's most epochs")
+    parser.add_argument(
+        "--maps-only", action="store_true", help="rerun the learned maps; keep the rest"
+    )
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
+    committed = None
+    if args.maps_only:
+        committed = json.loads(JSON.read_text())
+        sentences = committed["similarity"]["dataset"]["sentences"]
+        if committed["seeds"] != seeds or sentences != args.similarity_limit:
+            raise SystemExit(
+                f"{JSON} holds seeds {committed['seeds']} on {sentences} sentences, not "
+                f"{seeds} on {args.similarity_limit}: rerun the whole benchmark instead"
+            )
     timings = {}
+    load_before = os.getloadavg()[0]
 
     start = time.perf_counter()
     config = FinetuneConfig(
@@ -239,67 +319,67 @@ def main() -> None:
     finetuned = [read_metadata(d) for d in directories]
     timings["finetune_s"] = round(time.perf_counter() - start, 1)
 
-    start = time.perf_counter()
     common = dict(dataset=str(SST2), split="train", limit=args.similarity_limit, device=args.device)
-    similarity = run_similarity(
-        SimilarityConfig(models=models, learned=False, **common), architectures=ARCHITECTURES
-    )
-    timings["similarity_s"] = round(time.perf_counter() - start, 1)
+    if committed is not None:
+        check_weights(models[:2], committed["similarity"])
+    else:
+        start = time.perf_counter()
+        similarity = run_similarity(
+            SimilarityConfig(models=models, learned=False, **common), architectures=ARCHITECTURES
+        )
+        timings["similarity_s"] = round(time.perf_counter() - start, 1)
     start = time.perf_counter()
     learned = run_similarity(
-        SimilarityConfig(models=models[:2], maps_only=True, **common), architectures=ARCHITECTURES
+        SimilarityConfig(
+            models=models[:2],
+            maps=args.maps.split(","),
+            maps_only=True,
+            map_epochs=args.map_epochs,
+            **common,
+        ),
+        architectures=ARCHITECTURES,
     )
-    timings["learned_maps_s"] = round(time.perf_counter() - start, 1)
+    seconds = round(time.perf_counter() - start, 1)
 
-    start = time.perf_counter()
-    run = RunConfig(
-        models=models, dataset=str(SST2), split="dev", limit=args.dev_limit, device=args.device
-    )
-    document = run_models(run)
-    timings["invariance_run_s"] = round(time.perf_counter() - start, 1)
-
-    RESULTS.mkdir(exist_ok=True)
-    load = os.getloadavg()[0]
-    lines = [
-        "# Invariance across fine-tuning seeds: MiniLM-L6 on SST-2",
-        "",
-        f"`python benchmarks/invariance_sst2.py` on {os.cpu_count()} CPU cores, no GPU "
-        f"(load average {load:.1f} at the end); seconds: {timings}.",
-        "",
-        "| seed | dev accuracy | fine-tuning seconds | model directory |",
-        "|---|---|---|---|",
-    ]
-    for seed, meta, model in zip(seeds, finetuned, models, strict=True):
-        lines.append(
-            f"| {seed} | {meta['eval_accuracy']:.4f} | {meta['seconds']} | `{Path(model).name}` |"
+    if committed is None:
+        timings["learned_maps_s"] = seconds
+        start = time.perf_counter()
+        run = RunConfig(
+            models=models, dataset=str(SST2), split="dev", limit=args.dev_limit, device=args.device
         )
-    lines += [""]
-    lines += similarity_lines(
-        similarity,
-        CKA_FAMILY,
-        f"## Representation similarity ({similarity['dataset']['sentences']} SST-2 train "
-        "sentences, sentence means)",
-    )
-    lines += similarity_lines(
-        learned,
-        (*LEARNED, "linear_r2", "mlp_r2", "inn_r2"),
-        "## Learned alignment maps, seed 0 -> seed 1 (held-out 30% of the sentences)",
-    )
-    lines += ["## Seed invariance of attributions", "", *invariance_lines(document)]
-    text = "\n".join(lines)
-    (RESULTS / "invariance_sst2.md").write_text(text)
-    write_json(
-        {
+        document = summary(run_models(run))
+        timings["invariance_run_s"] = round(time.perf_counter() - start, 1)
+        result = {
             "timings": timings,
+            "load_average": os.getloadavg()[0],
             "seeds": seeds,
             "finetune": finetuned,
             "similarity": similarity,
             "learned_maps": learned,
-            "invariance": summary(document),
-        },
-        RESULTS / "invariance_sst2.json",
-    )
-    plot(similarity, learned, document, RESULTS / "invariance_sst2.png")
+            "invariance": document,
+        }
+    else:
+        rerun = {
+            "command": "python benchmarks/invariance_sst2.py --maps-only "
+            f"--maps {args.maps} --map-epochs {args.map_epochs}",
+            "seconds": seconds,
+            "load_before": load_before,
+            "load_after": os.getloadavg()[0],
+            "directories": [Path(model).name for model in models[:2]],
+        }
+        timings = {k: v for k, v in committed["timings"].items() if k != "learned_maps_s"}
+        result = {
+            **committed,
+            "timings": timings,  # the maps' seconds are the rerun's, in ``rerun``
+            "learned_maps": learned,
+            "learned_maps_rerun": rerun,
+        }
+
+    RESULTS.mkdir(exist_ok=True)
+    text = markdown(result)
+    MARKDOWN.write_text(text)
+    write_json(result, JSON)
+    plot(result["similarity"], learned, result["invariance"], PLOT)
     print(text)
 
 

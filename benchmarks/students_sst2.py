@@ -3,7 +3,7 @@ compute the teacher's function.
 
     python benchmarks/students_sst2.py [--seeds 0,1,2] [--reinit-top 6] [--steps 1500]
         [--learning-rate 1e-3] [--train-limit 8000] [--similarity-limit 600]
-        [--maps linear,mlp,inn,bert-inn] [--map-epochs 300] [--no-similarity]
+        [--maps linear,mlp,inn,bert-inn] [--map-epochs 300] [--no-similarity] [--maps-only]
 
 1. Per seed, ``attrib-bench finetune --reinit-top K``: all six layers (``6``, the embeddings
    kept, so layer 0 is the teacher's) or every encoder weight (``all``) re-initialised from the
@@ -21,11 +21,16 @@ compute the teacher's function.
    bootstrap intervals over sentences. Does a bijective map align seeds better than a linear
    one?
 Writes benchmarks/results/students_sst2.{json,md}, with seconds and the machine's load.
+
+``--maps-only`` reruns step 4's learned maps alone and keeps every other section of the
+committed JSON, after checking that it was made with the same configuration but the maps; the
+maps must read the students the committed similarity run read (checked by their sha256).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import time
@@ -38,10 +43,10 @@ from attrib_bench.core.registry import load_registry
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import load_examples
 from attrib_bench.model.finetune import (
-    ALL_LAYERS,
     FinetuneConfig,
     default_model_source,
     finetune_seeds,
+    parse_reinit_top,
     read_metadata,
 )
 from attrib_bench.model.load import load_model
@@ -49,6 +54,7 @@ from attrib_bench.results import write_json
 
 SST2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2"
 RESULTS = Path(__file__).parent / "results"
+JSON = RESULTS / "students_sst2.json"
 ARCHITECTURES = load_registry().architecture_specs()
 
 
@@ -122,6 +128,17 @@ def map_lines(report: dict, maps: list[str]) -> list[str]:
     return lines
 
 
+def difference(value: float, interval: list[float]) -> str:
+    """A difference with its interval: three decimals, or two significant digits where all
+    three round to zero (a difference of 2e-4 is not 0.000), and 0 where the maps are equal."""
+    largest = max(abs(value), *map(abs, interval))
+    if largest == 0:
+        return "0 [0, 0]"
+    if largest >= 5e-4:
+        return f"{value:+.3f} [{interval[0]:+.3f}, {interval[1]:+.3f}]"
+    return f"{value:+.1e} [{interval[0]:+.1e}, {interval[1]:+.1e}]"
+
+
 def paired_lines(report: dict, maps: list[str]) -> list[str]:
     """Per map after the first and pair kind, its held-out MSE minus the first map's on the
     diagonal, with the paired bootstrap interval (one draw of sentences scores both maps)."""
@@ -137,15 +154,45 @@ def paired_lines(report: dict, maps: list[str]) -> list[str]:
             theirs = diagonal(pair["measures"][f"{first}_mse"])
             bounds = diagonal(pair["intervals"][f"{name}_mse_minus_{first}"])
             cells = [
-                f"{a - b:+.3f} [{c[0]:+.3f}, {c[1]:+.3f}]" if None not in (a, b, c) else "n/a"
+                difference(a - b, c) if None not in (a, b, c) else "n/a"
                 for a, b, c in zip(ours, theirs, bounds, strict=True)
             ]
             lines.append(f"| `{name}` − `{first}` | {label} | " + " | ".join(cells) + " |")
     return lines
 
 
-def reinit_top(value: str) -> int:
-    return ALL_LAYERS if value == "all" else int(value)
+def check_weights(models: list[str], report: dict) -> None:
+    """Stop unless ``models`` hold the weights of ``report``'s first models (a similarity
+    report's sha256), so that a rerun of one stage reads what the committed run read."""
+    expected = [model["weights_sha256"] for model in report["models"]]
+    for model, sha in zip(models, expected, strict=False):
+        if load_model(model, "cpu", architectures=ARCHITECTURES).weights_sha256 != sha:
+            raise SystemExit(f"{model} does not hold the weights the committed run read")
+
+
+def agreement(seeds: list[int], teachers: list[Path], students: list[Path]) -> list[dict]:
+    """Per seed, how nearly the student computes its teacher's function (step 3)."""
+    dev = load_examples(str(SST2), "dev").examples
+    rows = []
+    for seed, teacher, student in zip(seeds, teachers, students, strict=True):
+        meta, teacher_meta = read_metadata(student), read_metadata(teacher)
+        agree = (predictions(student, dev) == predictions(teacher, dev)).double().mean()
+        rows.append(
+            {
+                "seed": seed,
+                "r2": 1 - meta["reinit_mse_after"] / meta["reinit_target_variance"],
+                "mse_before": meta["reinit_mse_before"],
+                "mse_after": meta["reinit_mse_after"],
+                "variance": meta["reinit_target_variance"],
+                "student_accuracy": meta["eval_accuracy"],
+                "teacher_accuracy": teacher_meta["eval_accuracy"],
+                "agreement": float(agree),
+                "distillation_seconds": meta["reinit_seconds"],
+                "student": str(student),
+                "teacher": str(teacher),
+            }
+        )
+    return rows
 
 
 def markdown(report: dict) -> str:
@@ -160,6 +207,15 @@ def markdown(report: dict) -> str:
         f"{report['load_average']['before'][0]:.1f} before, "
         f"{report['load_average']['after'][0]:.1f} after; seconds: {report['seconds']}.",
         "",
+    ]
+    if report.get("maps_only"):
+        lines += [
+            "The learned maps were rerun alone (`--maps-only`, the load above is that run's); "
+            "the agreement rows and the similarity section, with their seconds, are the "
+            "earlier full run's, on the same students (sha256 checked).",
+            "",
+        ]
+    lines += [
         f"Distillation: {report['config']['steps']} steps of batch 32 at learning rate "
         f"{report['config']['learning_rate']} (AdamW, linear decay to 10%) on the last-layer "
         f"hidden states of {report['config']['train_limit']} SST-2 train sentences; then one "
@@ -223,9 +279,34 @@ def main() -> None:
     parser.add_argument("--maps", default="linear,mlp,inn,bert-inn")
     parser.add_argument("--map-epochs", type=int, default=300, help="each map's most epochs")
     parser.add_argument("--no-similarity", action="store_true")
+    parser.add_argument(
+        "--maps-only", action="store_true", help="rerun the learned maps; keep the rest"
+    )
     args = parser.parse_args()
     maps = args.maps.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
+    config = {
+        "seeds": seeds,
+        "reinit_top": args.reinit_top,
+        "steps": args.steps,
+        "learning_rate": args.learning_rate,
+        "train_limit": args.train_limit,
+        "similarity_limit": args.similarity_limit,
+        "maps": maps,
+        "map_epochs": args.map_epochs,
+    }
+    committed = json.loads(JSON.read_text()) if args.maps_only else None
+    if committed is not None:
+        kept = ("maps", "map_epochs")
+        differs = {
+            key: value
+            for key, value in committed["config"].items()
+            if key not in kept and config[key] != value
+        }
+        if differs or committed["similarity"] is None or args.no_similarity:
+            raise SystemExit(
+                f"{JSON} was made with {differs or 'no similarity'}: rerun the whole benchmark"
+            )
     load_before = os.getloadavg()
     base = FinetuneConfig(
         model=default_model_source(), dataset=str(SST2), split="train", limit=args.train_limit
@@ -237,33 +318,14 @@ def main() -> None:
     student_config = FinetuneConfig(
         **{
             **base.__dict__,
-            "reinit_top": reinit_top(args.reinit_top),
+            "reinit_top": parse_reinit_top(args.reinit_top),
             "reinit_steps": args.steps,
             "reinit_learning_rate": args.learning_rate,
         }
     )
     students = finetune_seeds(student_config, seeds, device="cpu", architectures=ARCHITECTURES)
     seconds["students"] = round(time.perf_counter() - start, 1)
-    dev = load_examples(str(SST2), "dev").examples
-    rows = []
-    for seed, teacher, student in zip(seeds, teachers, students, strict=True):
-        meta, teacher_meta = read_metadata(student), read_metadata(teacher)
-        agree = (predictions(student, dev) == predictions(teacher, dev)).double().mean()
-        rows.append(
-            {
-                "seed": seed,
-                "r2": 1 - meta["reinit_mse_after"] / meta["reinit_target_variance"],
-                "mse_before": meta["reinit_mse_before"],
-                "mse_after": meta["reinit_mse_after"],
-                "variance": meta["reinit_target_variance"],
-                "student_accuracy": meta["eval_accuracy"],
-                "teacher_accuracy": teacher_meta["eval_accuracy"],
-                "agreement": float(agree),
-                "distillation_seconds": meta["reinit_seconds"],
-                "student": str(student),
-                "teacher": str(teacher),
-            }
-        )
+    rows = agreement(seeds, teachers, students) if committed is None else committed["seeds"]
     similarity = None
     if not args.no_similarity:
         common = dict(
@@ -274,11 +336,18 @@ def main() -> None:
             device="cpu",
         )
         models = [str(student) for student in students]
+        if committed is not None:
+            check_weights(models[:2], committed["similarity"]["cka"])
         start = time.perf_counter()
-        cka = run_similarity(
-            SimilarityConfig(models=models, learned=False, **common), architectures=ARCHITECTURES
-        )
-        seconds["similarity"] = round(time.perf_counter() - start, 1)
+        if committed is None:
+            cka = run_similarity(
+                SimilarityConfig(models=models, learned=False, **common),
+                architectures=ARCHITECTURES,
+            )
+            seconds["similarity"] = round(time.perf_counter() - start, 1)
+        else:
+            cka = committed["similarity"]["cka"]
+            seconds["similarity"] = committed["seconds"]["similarity"]
         start = time.perf_counter()
         learned = run_similarity(
             SimilarityConfig(
@@ -293,24 +362,16 @@ def main() -> None:
         seconds["learned_maps"] = round(time.perf_counter() - start, 1)
         similarity = {"cka": cka, "maps": learned}
     report = {
-        "config": {
-            "seeds": seeds,
-            "reinit_top": args.reinit_top,
-            "steps": args.steps,
-            "learning_rate": args.learning_rate,
-            "train_limit": args.train_limit,
-            "similarity_limit": args.similarity_limit,
-            "maps": maps,
-            "map_epochs": args.map_epochs,
-        },
+        "config": config,
         "seeds": rows,
         "similarity": similarity,
         "seconds": seconds,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch "
         f"{torch.__version__}, {torch.get_num_threads()} threads, no GPU",
         "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
+        "maps_only": committed is not None,
     }
-    write_json(report, RESULTS / "students_sst2.json")
+    write_json(report, JSON)
     (RESULTS / "students_sst2.md").write_text(markdown(report))
     print(markdown(report))
 
