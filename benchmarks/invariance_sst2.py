@@ -31,7 +31,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-from students_sst2 import check_weights, map_lines, paired_lines  # as the students'
+from students_sst2 import (  # the students' tables
+    check_weights,
+    map_lines,
+    paired_lines,
+    start_line,
+)
 
 from attrib_bench.analyses.similarity import SimilarityConfig, run_similarity
 from attrib_bench.core.registry import load_registry
@@ -247,6 +252,7 @@ def learned_section(learned: dict, maps: list[str], rerun: dict | None) -> list[
         "",
         *map_lines(learned, maps),
         "",
+        *([start_line(learned), ""] if "inn" in maps else []),
         f"Each map's held-out MSE minus `{maps[0]}`'s, with the paired bootstrap 95% interval "
         "(each draw of held-out sentences scores both maps); below zero: the map aligns better.",
         "",

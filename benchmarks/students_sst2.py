@@ -128,6 +128,23 @@ def map_lines(report: dict, maps: list[str]) -> list[str]:
     return lines
 
 
+def start_line(report: dict) -> str:
+    """Where the INN began on each pair kind's diagonal (the report's ``starts``)."""
+    parts = []
+    for kind, label in KINDS:
+        for pair in (p for p in report["pairs"] if p["kind"] == kind):
+            starts = diagonal(pair.get("starts", {}).get("inn", [[None]]))
+            known = [start for start in starts if start is not None]
+            if known:
+                layers = ", ".join(f"L{i} {start}" for i, start in enumerate(starts))
+                same = len(set(known)) == 1 and len(known) == len(starts)
+                parts.append(f"{label}: {known[0] + ' at every layer' if same else layers}")
+            break
+    if not parts:
+        return "The report does not record where the INN began (made before it did)."
+    return "Where the INN began: " + "; ".join(parts) + "."
+
+
 def difference(value: float, interval: list[float]) -> str:
     """A difference with its interval: three decimals, or two significant digits where all
     three round to zero (a difference of 2e-4 is not 0.000), and 0 where the maps are equal."""
@@ -256,6 +273,8 @@ def markdown(report: dict) -> str:
             "sentences]; `floor`: student 0 -> a random init; `random`: random -> random.",
             "",
             *map_lines(similarity["maps"], report["config"]["maps"]),
+            "",
+            start_line(similarity["maps"]),
             "",
             "Each map's held-out MSE minus the first map's, with the paired bootstrap 95% "
             "interval (each draw of held-out sentences scores both maps); below zero: the map "
