@@ -43,10 +43,10 @@ from attrib_bench.core.registry import load_registry
 from attrib_bench.data.batches import make_batches
 from attrib_bench.data.load import load_examples
 from attrib_bench.model.finetune import (
+    ALL_LAYERS,
     FinetuneConfig,
     default_model_source,
     finetune_seeds,
-    parse_reinit_top,
     read_metadata,
 )
 from attrib_bench.model.load import load_model
@@ -176,6 +176,10 @@ def paired_lines(report: dict, maps: list[str]) -> list[str]:
             ]
             lines.append(f"| `{name}` − `{first}` | {label} | " + " | ".join(cells) + " |")
     return lines
+
+
+def reinit_top(value: str) -> int:
+    return ALL_LAYERS if value == "all" else int(value)
 
 
 def check_weights(models: list[str], report: dict) -> None:
@@ -337,7 +341,7 @@ def main() -> None:
     student_config = FinetuneConfig(
         **{
             **base.__dict__,
-            "reinit_top": parse_reinit_top(args.reinit_top),
+            "reinit_top": reinit_top(args.reinit_top),
             "reinit_steps": args.steps,
             "reinit_learning_rate": args.learning_rate,
         }

@@ -767,14 +767,26 @@ def _seed_list(value: str) -> list[int]:
     return seeds
 
 
+def _reinit_top(value: str) -> int:
+    """``--reinit-top``: a layer count K >= 0, or ``all`` (-1: every layer and the embeddings)."""
+    if value == "all":
+        return -1
+    try:
+        count = int(value)
+    except ValueError:
+        count = -2
+    if count < 0:
+        raise UsageError(f"--reinit-top must be at least 0 or all, got {value}")
+    return count
+
+
 def _finetune(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.api import finetune
-    from attrib_bench.model.finetune import parse_reinit_top
 
     if args.seeds is not None and args.seed is not None:
         raise UsageError("give --seed (one model) or --seeds (one per seed), not both")
     seeds = _seed_list(args.seeds) if args.seeds is not None else None
-    args.reinit_top = parse_reinit_top(args.reinit_top)
+    args.reinit_top = _reinit_top(args.reinit_top)
     if args.reinit_steps is not None and not args.reinit_top:
         raise UsageError("--reinit-steps needs --reinit-top K (K > 0)")
     given = {

@@ -83,21 +83,6 @@ PROXY_SEED_VARIES = (
 )
 #: ``reinit_top`` for every layer and the embeddings (``--reinit-top all``).
 ALL_LAYERS = -1
-
-
-def parse_reinit_top(value: str) -> int:
-    """``--reinit-top``: a layer count K >= 0, or ``all`` (``ALL_LAYERS``)."""
-    if value == "all":
-        return ALL_LAYERS
-    try:
-        count = int(value)
-    except ValueError:
-        count = -2
-    if count < 0:
-        raise UsageError(f"--reinit-top must be at least 0 or all, got {value}")
-    return count
-
-
 #: How a student's output norm starts (see ``match_output_marginals``): part of a student's cache
 #: key, so that students made before it existed are not read as students made with it. A student
 #: is a proxy with every transformer layer re-initialised (``is_student``).
