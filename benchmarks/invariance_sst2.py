@@ -2,7 +2,7 @@
 
     python benchmarks/invariance_sst2.py [--seeds 0,1,2,3,4] [--train-limit 8000]
         [--similarity-limit 1200] [--dev-limit N] [--device cpu]
-        [--maps linear,mlp,inn] [--map-epochs 300] [--maps-only]
+        [--maps linear,mlp,inn] [--map-epochs 300] [--maps-only] [--add-bert-inn]
 
 1. Fine-tunes MiniLM once per seed on the first ``--train-limit`` SST-2 train sentences (one
    epoch; cached like ``attrib-bench finetune --seeds``) and reports each seed's dev accuracy.
@@ -20,6 +20,9 @@
 ``--maps-only`` reruns step 2's learned maps alone and keeps every other section of the
 committed JSON, after checking that it holds the same seeds and sentences; the maps must then
 read the same weights as the committed similarity run (checked by their sha256).
+``--add-bert-inn`` keeps the committed maps too and adds the released BERT-INN, one map for
+every layer under its own schedule, fitted on the seeds' pair alone (not the floors) beside
+the linear map, which must come out as committed.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 from students_sst2 import (  # the students' tables
+    add_bert_inn,
+    bert_inn_line,
     check_weights,
     map_lines,
     paired_lines,
@@ -200,6 +205,7 @@ def plot(similarity: dict, learned: dict, document: dict, path: Path) -> None:
     axes[1].set(
         title="held-out MSE of learned maps (seed 0 -> seed 1)", xlabel="layer (0 = embeddings)"
     )
+    axes[1].set_yscale("symlog", linthresh=1e-3)  # bert-inn sits orders above the others
     axes[1].legend(fontsize=7)
     methods = document["methods"]
     names = sorted(
@@ -253,6 +259,7 @@ def learned_section(learned: dict, maps: list[str], rerun: dict | None) -> list[
         *map_lines(learned, maps),
         "",
         *([start_line(learned), ""] if "inn" in maps else []),
+        *([bert_inn_line(learned), ""] if "bert_inn" in learned else []),
         f"Each map's held-out MSE minus `{maps[0]}`'s, with the paired bootstrap 95% interval "
         "(each draw of held-out sentences scores both maps); below zero: the map aligns better.",
         "",
@@ -302,10 +309,15 @@ def main() -> None:
     parser.add_argument(
         "--maps-only", action="store_true", help="rerun the learned maps; keep the rest"
     )
+    parser.add_argument(
+        "--add-bert-inn",
+        action="store_true",
+        help="add the released BERT-INN on the seeds' pair to the committed maps",
+    )
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     committed = None
-    if args.maps_only:
+    if args.maps_only or args.add_bert_inn:
         committed = json.loads(JSON.read_text())
         sentences = committed["similarity"]["dataset"]["sentences"]
         if committed["seeds"] != seeds or sentences != args.similarity_limit:
@@ -334,6 +346,10 @@ def main() -> None:
             SimilarityConfig(models=models, learned=False, **common), architectures=ARCHITECTURES
         )
         timings["similarity_s"] = round(time.perf_counter() - start, 1)
+    if args.add_bert_inn:
+        learned = add_bert_inn(models[:2], committed["learned_maps"], **common)
+        write({**committed, "learned_maps": learned})
+        return
     start = time.perf_counter()
     learned = run_similarity(
         SimilarityConfig(
@@ -380,12 +396,15 @@ def main() -> None:
             "learned_maps": learned,
             "learned_maps_rerun": rerun,
         }
+    write(result)
 
+
+def write(result: dict) -> None:
     RESULTS.mkdir(exist_ok=True)
     text = markdown(result)
     MARKDOWN.write_text(text)
     write_json(result, JSON)
-    plot(result["similarity"], learned, result["invariance"], PLOT)
+    plot(result["similarity"], result["learned_maps"], result["invariance"], PLOT)
     print(text)
 
 

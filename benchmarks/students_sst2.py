@@ -4,6 +4,7 @@ compute the teacher's function.
     python benchmarks/students_sst2.py [--seeds 0,1,2] [--reinit-top 6] [--steps 1500]
         [--learning-rate 1e-3] [--train-limit 8000] [--similarity-limit 600]
         [--maps linear,mlp,inn,bert-inn] [--map-epochs 300] [--no-similarity] [--maps-only]
+        [--add-bert-inn]
 
 1. Per seed, ``attrib-bench finetune --reinit-top K``: all six layers (``6``, the embeddings
    kept, so layer 0 is the teacher's) or every encoder weight (``all``) re-initialised from the
@@ -25,6 +26,9 @@ Writes benchmarks/results/students_sst2.{json,md}, with seconds and the machine'
 ``--maps-only`` reruns step 4's learned maps alone and keeps every other section of the
 committed JSON, after checking that it was made with the same configuration but the maps; the
 maps must read the students the committed similarity run read (checked by their sha256).
+``--add-bert-inn`` keeps the committed maps too and adds the released BERT-INN, one map for
+every layer under its own schedule, fitted on the students' pair alone (not the floors: about
+6 minutes a layer here) beside the linear map, which must come out as committed.
 """
 
 from __future__ import annotations
@@ -191,6 +195,64 @@ def check_weights(models: list[str], report: dict) -> None:
             raise SystemExit(f"{model} does not hold the weights the committed run read")
 
 
+def add_bert_inn(models: list[str], maps_report: dict, **common) -> dict:
+    """``maps_report`` (a committed ``--maps-only`` similarity report) with the released
+    BERT-INN added on its models' pair: one map for every layer pair, fitted on that pair alone
+    beside the linear map (the paired difference's first map) with the committed epochs and
+    split. Stops unless the linear map comes out as committed, so both runs scored the same
+    rows. The floors' pairs keep the committed maps only (``config.floor_maps``)."""
+    config = maps_report["config"]
+    if "bert-inn" in config["maps"] or config["maps"][0] != "linear":
+        raise SystemExit("--add-bert-inn needs committed maps led by linear, without bert-inn")
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    rerun = run_similarity(
+        SimilarityConfig(
+            models=models,
+            maps=["linear", "bert-inn"],
+            floor_maps=[],
+            maps_only=True,
+            map_epochs=config["map_epochs"],
+            **common,
+        ),
+        architectures=ARCHITECTURES,
+    )
+    seconds = round(time.perf_counter() - start, 1)
+    merged = json.loads(json.dumps(maps_report))
+    pair = next(p for p in merged["pairs"] if p["kind"] == "models")
+    new = next(p for p in rerun["pairs"] if p["kind"] == "models")
+    for part in ("measures", "intervals"):
+        for key in ("linear_mse", "linear_r2"):
+            if new[part][key] != pair[part][key]:
+                raise SystemExit(f"the linear map's {key} {part} differ from the committed run")
+        pair[part].update({k: v for k, v in new[part].items() if k.startswith("bert-inn_")})
+    merged["config"]["floor_maps"] = list(config["maps"])
+    merged["config"]["maps"] = [*config["maps"], "bert-inn"]
+    merged["config"]["measures"] += ["bert-inn_mse", "bert-inn_r2"]
+    merged["bert_inn"] = {
+        "seconds": seconds,
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+        "layer_pairs": sum(v is not None for v in diagonal(new["measures"]["bert-inn_mse"])),
+    }
+    return merged
+
+
+def bert_inn_line(maps_report: dict) -> str:
+    """How the released BERT-INN's rows were made, where a report holds them."""
+    added = maps_report.get("bert_inn")
+    if added is None:
+        return ""
+    return (
+        f"`bert-inn` is the released BERT-INN: one map for all {added['layer_pairs']} layer "
+        "pairs, trained as the official code trains it (3,000 batches of 64 in order, Adam at "
+        "1e-6 decayed by 0.99 a batch, its random start), on the seeds' pair alone, added to "
+        f"the other maps by `--add-bert-inn` in {added['seconds']} s (load average "
+        f"{added['load_before']:.1f} before, {added['load_after']:.1f} after); that run's "
+        "linear map equals the one above to the last digit."
+    )
+
+
 def agreement(seeds: list[int], teachers: list[Path], students: list[Path]) -> list[dict]:
     """Per seed, how nearly the student computes its teacher's function (step 3)."""
     dev = load_examples(str(SST2), "dev").examples
@@ -280,6 +342,7 @@ def markdown(report: dict) -> str:
             "",
             start_line(similarity["maps"]),
             "",
+            *([bert_inn_line(similarity["maps"]), ""] if "bert_inn" in similarity["maps"] else []),
             "Each map's held-out MSE minus the first map's, with the paired bootstrap 95% "
             "interval (each draw of held-out sentences scores both maps); below zero: the map "
             "aligns better than the first.",
@@ -305,8 +368,15 @@ def main() -> None:
     parser.add_argument(
         "--maps-only", action="store_true", help="rerun the learned maps; keep the rest"
     )
+    parser.add_argument(
+        "--add-bert-inn",
+        action="store_true",
+        help="add the released BERT-INN on the students' pair to the committed maps",
+    )
     args = parser.parse_args()
     maps = args.maps.split(",")
+    if args.add_bert_inn:
+        maps = [*json.loads(JSON.read_text())["config"]["maps"], "bert-inn"]
     seeds = [int(s) for s in args.seeds.split(",")]
     config = {
         "seeds": seeds,
@@ -318,7 +388,7 @@ def main() -> None:
         "maps": maps,
         "map_epochs": args.map_epochs,
     }
-    committed = json.loads(JSON.read_text()) if args.maps_only else None
+    committed = json.loads(JSON.read_text()) if args.maps_only or args.add_bert_inn else None
     if committed is not None:
         kept = ("maps", "map_epochs")
         differs = {
@@ -371,18 +441,22 @@ def main() -> None:
         else:
             cka = committed["similarity"]["cka"]
             seconds["similarity"] = committed["seconds"]["similarity"]
-        start = time.perf_counter()
-        learned = run_similarity(
-            SimilarityConfig(
-                models=models[:2],
-                maps=maps,
-                maps_only=True,
-                map_epochs=args.map_epochs,
-                **common,
-            ),
-            architectures=ARCHITECTURES,
-        )
-        seconds["learned_maps"] = round(time.perf_counter() - start, 1)
+        if args.add_bert_inn:
+            learned = add_bert_inn(models[:2], committed["similarity"]["maps"], **common)
+            seconds["learned_maps"] = committed["seconds"]["learned_maps"]
+        else:
+            start = time.perf_counter()
+            learned = run_similarity(
+                SimilarityConfig(
+                    models=models[:2],
+                    maps=maps,
+                    maps_only=True,
+                    map_epochs=args.map_epochs,
+                    **common,
+                ),
+                architectures=ARCHITECTURES,
+            )
+            seconds["learned_maps"] = round(time.perf_counter() - start, 1)
         similarity = {"cka": cka, "maps": learned}
     report = {
         "config": config,
@@ -394,6 +468,9 @@ def main() -> None:
         "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
         "maps_only": committed is not None,
     }
+    if args.add_bert_inn:  # the load above is the maps' run's, not this one's
+        report["load_average"] = committed["load_average"]
+        report["machine"] = committed["machine"]
     write_json(report, JSON)
     (RESULTS / "students_sst2.md").write_text(markdown(report))
     print(markdown(report))

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from attrib_bench.analyses.alignment import fit_alignments
+from attrib_bench.analyses.alignment import fit_alignments, fit_released
 from attrib_bench.analyses.bert_inn import BertINN, released_init, train_released
 from attrib_bench.core.errors import UsageError
 
@@ -101,6 +101,53 @@ def test_under_its_schedule_the_map_barely_leaves_its_start():
                             maps=("linear", "bert-inn"))  # fmt: skip
     assert scores["linear"]["r2"] > 0.999
     assert scores["bert-inn"]["r2"] < 0.5, scores
+    # the one-map-for-all-layers fit of a single pair is this fit, exactly
+    released = fit_released([(x[:700], y[:700])], seed=0)
+    again = fit_alignments(x[:700], y[:700], x[700:], y[700:], seed=0,
+                           maps=("linear", "bert-inn"), fitted={"bert-inn": released})  # fmt: skip
+    assert again == scores
+
+
+def test_similarity_fits_one_released_map_for_every_layer_pair(monkeypatch):
+    """As the official code: one BERT-INN trained on every (i, i) pair at once, then scored
+    per layer pair on its held-out rows."""
+    from attrib_bench.analyses import alignment
+    from attrib_bench.analyses.similarity import Features, SimilarityConfig, compare, split_rows
+
+    trained = []
+    real = alignment.fit_released
+
+    def few_batches(pairs, seed, **kwargs):
+        trained.append((pairs, real(pairs, seed, **{**kwargs, "steps": 5})))
+        return trained[-1][1]
+
+    monkeypatch.setattr(alignment, "fit_released", few_batches)
+    gen = torch.Generator().manual_seed(4)
+    xs = [torch.randn(150, 6, generator=gen, dtype=torch.float64).numpy() for _ in range(3)]
+    ys = [x @ torch.randn(6, 6, generator=gen, dtype=torch.float64).numpy() for x in xs]
+    features = [Features(layers, [1] * 150, [[0]] * 150) for layers in (xs, ys)]
+    config = SimilarityConfig(models=["x", "y"], maps=["linear", "bert-inn"], maps_only=True,
+                              map_epochs=2)  # fmt: skip
+    measures, intervals, _ = compare(*features, config)
+    assert len(trained) == 1
+    pairs, model = trained[0]
+    train, test = split_rows([1] * 150, 0)
+    assert [(x.shape, y.shape) for x, y in pairs] == [((len(train), 6), (len(train), 6))] * 3
+    for i in range(3):
+        expected = fit_alignments(
+            *(torch.from_numpy(a).float() for a in (xs[i][train], ys[i][train], xs[i][test],
+                                                     ys[i][test])),
+            seed=0, maps=("linear", "bert-inn"), max_epochs=2, test_groups=test,
+            fitted={"bert-inn": model},
+        )  # fmt: skip
+        assert measures["bert-inn_mse"][i][i] == expected["bert-inn"]["mse"]
+        assert intervals["bert-inn_mse_minus_linear"][i][i] == list(
+            expected["bert-inn"]["mse_minus_linear_ci95"]
+        )
+    # one map trained on all three pairs, not on the first alone
+    alone = real(pairs[:1], 0, steps=5)
+    assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), alone.parameters(),
+                                                     strict=True))  # fmt: skip
 
 
 def test_bert_inn_needs_equal_widths():

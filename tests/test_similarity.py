@@ -517,6 +517,8 @@ def test_asking_for_the_inn_without_freia_is_one_line(
         (["--maps", "linear,nope"], "unknown alignment map 'nope'"),
         (["--maps", ","], "--maps needs at least one"),
         (["--maps", "linear", "--no-learned"], "--no-learned"),
+        (["--floor-maps", "linear", "--no-learned"], "--no-learned"),
+        (["--maps", "linear", "--floor-maps", "mlp"], "--floor-maps names 'mlp'"),
     ],
 )
 def test_bad_maps_are_one_line(tiny_bert, run_cli, tmp_path, extra, message):
@@ -573,6 +575,25 @@ def test_maps_only_fits_the_same_maps_and_computes_no_closed_form_measure(
             for i, row in enumerate(matrix):
                 for j, value in enumerate(row):
                     assert value == (whole["measures"][name][i][j] if i == j else None)
+
+
+def test_floor_maps_choose_the_maps_of_the_floors_pairs(tiny_bert, run_cli, tmp_path):
+    """The models' pair gets every map of --maps, the floors' pairs those of --floor-maps; with
+    --maps-only and no floor map, a floor's pair computes nothing."""
+    for floor, expected in (("linear", ["linear"]), ("", [])):
+        output = tmp_path / f"floor-{floor}.json"
+        code, _, err = _similarity(
+            run_cli, tiny_bert, output, "--maps", "linear,mlp", "--floor-maps", floor,
+            "--maps-only",
+        )  # fmt: skip
+        assert code == 0, err
+        report = json.loads(output.read_text())
+        assert report["config"]["floor_maps"] == expected
+        for pair in report["pairs"]:
+            fitted = ["linear", "mlp"] if pair["kind"] == "models" else expected
+            for name in ("linear", "mlp"):
+                diagonal = [row[i] for i, row in enumerate(pair["measures"][f"{name}_mse"])]
+                assert all((v is not None) == (name in fitted) for v in diagonal), (pair, name)
 
 
 def test_map_epochs_bound_every_learned_map(tiny_bert, run_cli, tmp_path, monkeypatch):

@@ -405,6 +405,11 @@ def build_parser() -> argparse.ArgumentParser:
         "a warning, without FrEIA) or bert-inn (the released configuration)",
     )
     similar.add_argument(
+        "--floor-maps",
+        help="the learned maps also fitted on the random-init floors' pairs, comma-separated, "
+        "a subset of --maps (default: every map of --maps; empty: none)",
+    )
+    similar.add_argument(
         "--map-epochs",
         type=int,
         default=300,
@@ -875,7 +880,10 @@ def _similarity(args: argparse.Namespace, out: Console) -> int:
     from attrib_bench.api import similarity, similarity_plots
     from attrib_bench.reports.similarity import similarity_tables
 
-    maps = None if args.maps is None else [m.strip() for m in args.maps.split(",") if m.strip()]
+    maps, floor_maps = (
+        None if value is None else [m.strip() for m in value.split(",") if m.strip()]
+        for value in (args.maps, args.floor_maps)
+    )
     report = similarity(
         [m.strip() for m in args.models.split(",") if m.strip()],
         output=args.output,
@@ -891,6 +899,7 @@ def _similarity(args: argparse.Namespace, out: Console) -> int:
         learned=not args.no_learned,
         maps_only=args.maps_only,
         maps=maps,
+        floor_maps=floor_maps,
         map_epochs=args.map_epochs,
         debiased=args.debiased,
         rbf_threshold=args.rbf_threshold,

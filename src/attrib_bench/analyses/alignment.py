@@ -77,13 +77,13 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from attrib_bench.analyses.bert_inn import BertINN, released_init, train_released
+from attrib_bench.analyses.bert_inn import STEPS, BertINN, released_init, train_released
 from attrib_bench.core.errors import UsageError
 from attrib_bench.results.stats import bootstrap_ci
 
@@ -367,6 +367,50 @@ def _check_inputs(x_train, y_train, x_test, y_test, maps: Sequence[str]) -> None
             _build(name, x_train.shape[1], y_train.shape[1], 1, 1, 1.0)  # the width error
 
 
+def _split(n: int, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The validation rows and the fitting rows of ``n`` training rows, drawn from ``seed``."""
+    n_val = min(max(1, round(val_fraction * n)), n - 1)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return perm[:n_val], perm[n_val:]
+
+
+def fit_released(
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    seed: int,
+    *,
+    val_fraction: float = 0.15,
+    hidden: int | None = None,
+    steps: int = STEPS,
+    on_batch: Callable[[], None] | None = None,
+) -> BertINN:
+    """One released BERT-INN for every layer pair (x, y) of training rows, trained as the
+    official code trains its one map for all layers (``bert_inn.train_released``). Each pair is
+    standardised and cut to its fitting rows exactly as ``fit_alignments`` cuts them, so that
+    ``fit_alignments(..., fitted={"bert-inn": map})`` scores the map per pair on held-out rows.
+    ``on_batch`` is called after every batch of the schedule (a progress bar)."""
+    if not pairs:
+        raise UsageError("the released BERT-INN needs at least one layer pair")
+    x0, y0 = pairs[0]
+    for x, y in pairs:
+        if x.shape != x0.shape or y.shape != y0.shape:
+            raise UsageError("every layer pair of one BERT-INN needs the same rows and widths")
+    device = x0.device
+    dtype = torch.promote_types(x0.dtype, torch.float32)
+    _, fit_idx = (rows.to(device) for rows in _split(x0.shape[0], val_fraction, seed))
+    standardised = []
+    for x, y in pairs:
+        x_std, _ = _standardise(x.to(device, dtype), x[:0].to(device, dtype))
+        y_std, _ = _standardise(y.to(device, dtype), y[:0].to(device, dtype))
+        standardised.append((x_std[fit_idx], y_std[fit_idx]))
+    d_x, d_y = x0.shape[1], y0.shape[1]
+    with _fork_rng(device):
+        torch.manual_seed(seed)
+        model = _build("bert-inn", d_x, d_y, hidden or 4 * max(d_x, d_y), 1, 1.0)
+        model = model.to(device, dtype)
+        train_released(model, standardised, steps=steps, on_batch=on_batch)
+    return model
+
+
 def fit_alignments(
     x_train: torch.Tensor,
     y_train: torch.Tensor,
@@ -385,6 +429,7 @@ def fit_alignments(
     inn_clamp: float = 2.0,
     inn_start: str = "least-squares",
     test_groups: Sequence[int] | None = None,
+    fitted: Mapping[str, nn.Module] | None = None,
 ) -> dict[str, dict]:
     """Fit each map x -> y on the training rows; score it on the held-out rows.
 
@@ -400,6 +445,7 @@ def fit_alignments(
     the INN there too where it is invertible, else at the identity (``inn_start="identity"``:
     always; module docstring). ``inn_blocks``: GLOW blocks of the INN. ``bert-inn`` (named
     only) is the released BERT-INN, with its own start and schedule (``bert_inn``).
+    ``fitted``: maps already trained on these training rows (``fit_released``), scored only.
     Runs on the tensors' device; every map gets the same seed, so each is reproducible alone.
     """
     maps = tuple(maps)
@@ -415,34 +461,34 @@ def fit_alignments(
     d_x, d_y = x_train.shape[1], y_train.shape[1]
     width = hidden or 4 * max(d_x, d_y)
 
-    n = x_train.shape[0]
-    n_val = min(max(1, round(val_fraction * n)), n - 1)
+    val_idx, fit_idx = (rows.to(device) for rows in _split(x_train.shape[0], val_fraction, seed))
+    fitted = fitted or {}
     results: dict[str, dict] = {}
     residuals: dict[str, np.ndarray] = {}
     with _fork_rng(device):
-        split = torch.Generator().manual_seed(seed)
-        perm = torch.randperm(n, generator=split).to(device)
-        val_idx, fit_idx = perm[:n_val], perm[n_val:]
         for name in maps:
             torch.manual_seed(seed)
-            model = _build(name, d_x, d_y, width, inn_blocks, inn_clamp).to(device, dtype)
-            if name == "bert-inn":  # the released start and schedule, no early stopping
-                train_released(model, [(x_train[fit_idx], y_train[fit_idx])])
+            if name in fitted:  # trained by the caller (fit_released): scored only
+                model = fitted[name].to(device, dtype)
             else:
-                if name != "inn" or inn_start == "least-squares":
-                    _linear_start(model, x_train[fit_idx], y_train[fit_idx])
-                train_map(
-                    model,
-                    x_train[fit_idx],
-                    y_train[fit_idx],
-                    x_train[val_idx],
-                    y_train[val_idx],
-                    generator=torch.Generator().manual_seed(seed + 1),
-                    lr=lr,
-                    max_epochs=max_epochs,
-                    patience=patience,
-                    batch_size=batch_size,
-                )
+                model = _build(name, d_x, d_y, width, inn_blocks, inn_clamp).to(device, dtype)
+                if name == "bert-inn":  # the released start and schedule, no early stopping
+                    train_released(model, [(x_train[fit_idx], y_train[fit_idx])])
+                else:
+                    if name != "inn" or inn_start == "least-squares":
+                        _linear_start(model, x_train[fit_idx], y_train[fit_idx])
+                    train_map(
+                        model,
+                        x_train[fit_idx],
+                        y_train[fit_idx],
+                        x_train[val_idx],
+                        y_train[val_idx],
+                        generator=torch.Generator().manual_seed(seed + 1),
+                        lr=lr,
+                        max_epochs=max_epochs,
+                        patience=patience,
+                        batch_size=batch_size,
+                    )
             with torch.no_grad():
                 pred = model(x_test)
             results[name] = _scores(pred, y_test)

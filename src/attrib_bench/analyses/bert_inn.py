@@ -22,7 +22,7 @@ under that schedule the learning rate is below 1e-8 of its start after about 1,8
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -83,9 +83,11 @@ def train_released(
     batch_size: int = BATCH,
     lr: float = LR,
     gamma: float = GAMMA,
+    on_batch: Callable[[], None] | None = None,
 ) -> list[float]:
     """The released loop over ``pairs`` (x, y) of equal rows, one per layer (see the module).
-    Returns the learning rate of each batch that was trained."""
+    Returns the learning rate of each batch that was trained; ``on_batch`` is called after
+    each of the ``steps`` (a progress bar)."""
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=gamma)
     rows = pairs[0][0].shape[0]
@@ -105,5 +107,7 @@ def train_released(
                 loss.backward()
                 optimizer.step()
         scheduler.step()
+        if on_batch is not None:
+            on_batch()
     model.eval()
     return rates

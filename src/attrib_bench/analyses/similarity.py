@@ -293,6 +293,9 @@ class SimilarityConfig:
     #: The learned maps to fit; None: every one of LEARNED_MAPS whose package is installed
     #: (``inn`` is skipped without FrEIA, see ``resolve_maps``).
     maps: list[str] | None = None
+    #: The learned maps fitted on the random-init floors' pairs, a subset of ``maps``; None:
+    #: ``maps``; empty: none (with ``maps_only``, the floors' pairs are then skipped whole).
+    floor_maps: list[str] | None = None
     #: The most epochs a learned map trains (early stopping may end it sooner); ``bert-inn``
     #: keeps its released schedule. Each fit at (i, i) costs per epoch, so this is the budget.
     map_epochs: int = 300
@@ -414,6 +417,15 @@ def _maps(config: SimilarityConfig) -> tuple[str, ...]:
     return LEARNED_MAPS if config.maps is None else tuple(config.maps)
 
 
+def _pair_maps(config: SimilarityConfig, kind: str) -> tuple[str, ...]:
+    """The learned maps fitted on a pair of this kind (``models`` or a floor's)."""
+    if not config.learned:
+        return ()
+    if kind == "models" or config.floor_maps is None:
+        return _maps(config)
+    return tuple(name for name in _maps(config) if name in config.floor_maps)
+
+
 def _fit_alignments():
     try:
         from attrib_bench.analyses.alignment import fit_alignments
@@ -431,8 +443,11 @@ def resolve_maps(config: SimilarityConfig) -> dict[str, str]:
     warning) so that the other measures still run, while a map asked for by name must run (its
     missing package is one line, exit 2)."""
     if not config.learned:
-        if config.maps is not None:
-            raise UsageError("--maps chooses learned maps, which --no-learned skips: give one")
+        for option, value in (("--maps", config.maps), ("--floor-maps", config.floor_maps)):
+            if value is not None:
+                raise UsageError(
+                    f"{option} chooses learned maps, which --no-learned skips: give one"
+                )
         return {}
     _fit_alignments()  # the alignment module imports
     from attrib_bench.analyses.alignment import import_freia
@@ -445,6 +460,7 @@ def resolve_maps(config: SimilarityConfig) -> dict[str, str]:
                 raise unknown_choice("alignment map", name, NAMED_MAPS)
         if "inn" in config.maps:
             import_freia()
+        _check_floor_maps(config)
         return {}
     skipped = {}
     try:
@@ -453,7 +469,17 @@ def resolve_maps(config: SimilarityConfig) -> dict[str, str]:
         skipped["inn"] = str(error)
         console.warn(f"{error}; the 'inn' map is skipped, the other maps and measures run")
     config.maps = [name for name in LEARNED_MAPS if name not in skipped]
+    _check_floor_maps(config)
     return skipped
+
+
+def _check_floor_maps(config: SimilarityConfig) -> None:
+    for name in config.floor_maps or ():
+        if name not in config.maps:
+            raise UsageError(
+                f"--floor-maps names {name!r}, which is not among the maps fitted "
+                f"({', '.join(config.maps)}): the floors' maps are a subset of --maps"
+            )
 
 
 def compare(
@@ -484,9 +510,15 @@ def compare(
         name: [[None] * columns for _ in range(rows)]
         for name in (("inn",) if config.learned and "inn" in maps else ())
     }
+    fitted_pairs = [
+        (i, j) for i in range(rows) for j in range(columns) if config.all_pairs or i == j
+    ]
+    released = {}
+    if fit is not None and "bert-inn" in maps:
+        released["bert-inn"] = _released(fx, fy, fitted_pairs, train, config.seed, bar)
     for i, x in enumerate(fx.layers):
         for j, y in enumerate(fy.layers):
-            fitted = config.all_pairs or i == j
+            fitted = (i, j) in fitted_pairs and bool(maps)
             if config.maps_only and not fitted:
                 continue
             values = {} if config.maps_only else _closed_form(x, y, train, test, subset, config)
@@ -500,6 +532,7 @@ def compare(
                     maps=maps,
                     max_epochs=config.map_epochs,
                     test_groups=sentence_of_row[test],
+                    fitted=released,
                 )
                 for name, scores in learned.items():
                     for metric in ("mse", "r2"):
@@ -515,6 +548,28 @@ def compare(
             if bar is not None:
                 bar.advance(task)
     return result, intervals, starts
+
+
+def _released(
+    fx: Features,
+    fy: Features,
+    fitted_pairs: list[tuple[int, int]],
+    train: np.ndarray,
+    seed: int,
+    bar=None,
+) -> torch.nn.Module:
+    """The released BERT-INN: one map for every layer pair fitted, as the official code trains
+    one for all layers (docs/math/similarity.md); its batches show as a task of ``bar``."""
+    from attrib_bench.analyses.alignment import fit_released
+    from attrib_bench.analyses.bert_inn import STEPS
+
+    on_batch = None
+    if bar is not None:
+        task = bar.add_task(f"bert-inn batches ({len(fitted_pairs)} layer pairs)", total=STEPS)
+        on_batch = lambda: bar.advance(task)  # noqa: E731
+    rows = [(fx.layers[i][train], fy.layers[j][train]) for i, j in fitted_pairs]
+    pairs = [(torch.from_numpy(x).float(), torch.from_numpy(y).float()) for x, y in rows]
+    return fit_released(pairs, seed, on_batch=on_batch)
 
 
 def _closed_form(
@@ -540,9 +595,12 @@ def _closed_form(
     return values
 
 
-def _layer_pairs(fx: Features, fy: Features, config: SimilarityConfig) -> int:
-    """The layer pairs ``compare`` computes: all of them, or with ``maps_only`` those fitted."""
+def _layer_pairs(fx: Features, fy: Features, config: SimilarityConfig, maps: list[str]) -> int:
+    """The layer pairs ``compare`` computes: all of them, or with ``maps_only`` those fitted
+    (none where no map is)."""
     rows, columns = len(fx.layers), len(fy.layers)
+    if config.maps_only and not maps:
+        return 0
     if config.maps_only and not config.all_pairs:
         return min(rows, columns)
     return rows * columns
@@ -677,15 +735,21 @@ def run_similarity(
         plan.append(
             (_random_name(name, config.seed), _random_name(name, config.seed + 1), "random-random")
         )
-    total = sum(_layer_pairs(features[x], features[y], config) for x, y, _ in plan)
     unequal = [
         _unequal_widths(features[x], features[y], x, y, config, asked_maps) for x, y, _ in plan
     ]
+    fitted_maps = [
+        [name for name in _pair_maps(config, kind) if name not in skipped]
+        for (_, _, kind), skipped in zip(plan, unequal, strict=True)
+    ]
+    total = sum(
+        _layer_pairs(features[x], features[y], config, maps)
+        for (x, y, _), maps in zip(plan, fitted_maps, strict=True)
+    )
     pairs = []
     with console.progress(disable=quiet) as bar:
         task = bar.add_task("layer pairs", total=total)
-        for (x, y, kind), skipped in zip(plan, unequal, strict=True):
-            maps = [name for name in _maps(config) if name not in skipped]
+        for (x, y, kind), skipped, maps in zip(plan, unequal, fitted_maps, strict=True):
             measures, intervals, starts = compare(features[x], features[y], config, bar, task, maps)
             pairs.append(
                 {
