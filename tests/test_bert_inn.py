@@ -101,9 +101,31 @@ def test_under_its_schedule_the_map_barely_leaves_its_start():
                             maps=("linear", "bert-inn"))  # fmt: skip
     assert scores["linear"]["r2"] > 0.999
     assert scores["bert-inn"]["r2"] < 0.5, scores
-    # the one-map-for-all-layers fit of a single pair is this fit, exactly
-    released = fit_released([(x[:700], y[:700])], seed=0)
-    again = fit_alignments(x[:700], y[:700], x[700:], y[700:], seed=0,
+
+
+def _few_batches(monkeypatch, steps: int = 5) -> list:
+    """The released loop cut to ``steps`` batches wherever alignment runs it; returns the list
+    of (pairs, model) it trains."""
+    from attrib_bench.analyses import alignment
+
+    trained = []
+
+    def train(model, pairs, **kwargs):
+        trained.append((pairs, model))
+        return train_released(model, pairs, **{**kwargs, "steps": steps})
+
+    monkeypatch.setattr(alignment, "train_released", train)
+    return trained
+
+
+def test_one_released_map_of_one_pair_is_the_per_pair_fit(monkeypatch):
+    _few_batches(monkeypatch)
+    gen = torch.Generator().manual_seed(5)
+    x, y = torch.randn(300, 6, generator=gen), torch.randn(300, 6, generator=gen)
+    scores = fit_alignments(x[:200], y[:200], x[200:], y[200:], seed=1,
+                            maps=("linear", "bert-inn"))  # fmt: skip
+    released = fit_released([(x[:200], y[:200])], seed=1)
+    again = fit_alignments(x[:200], y[:200], x[200:], y[200:], seed=1,
                            maps=("linear", "bert-inn"), fitted={"bert-inn": released})  # fmt: skip
     assert again == scores
 
@@ -111,17 +133,9 @@ def test_under_its_schedule_the_map_barely_leaves_its_start():
 def test_similarity_fits_one_released_map_for_every_layer_pair(monkeypatch):
     """As the official code: one BERT-INN trained on every (i, i) pair at once, then scored
     per layer pair on its held-out rows."""
-    from attrib_bench.analyses import alignment
     from attrib_bench.analyses.similarity import Features, SimilarityConfig, compare, split_rows
 
-    trained = []
-    real = alignment.fit_released
-
-    def few_batches(pairs, seed, **kwargs):
-        trained.append((pairs, real(pairs, seed, **{**kwargs, "steps": 5})))
-        return trained[-1][1]
-
-    monkeypatch.setattr(alignment, "fit_released", few_batches)
+    trained = _few_batches(monkeypatch)
     gen = torch.Generator().manual_seed(4)
     xs = [torch.randn(150, 6, generator=gen, dtype=torch.float64).numpy() for _ in range(3)]
     ys = [x @ torch.randn(6, 6, generator=gen, dtype=torch.float64).numpy() for x in xs]
@@ -132,7 +146,8 @@ def test_similarity_fits_one_released_map_for_every_layer_pair(monkeypatch):
     assert len(trained) == 1
     pairs, model = trained[0]
     train, test = split_rows([1] * 150, 0)
-    assert [(x.shape, y.shape) for x, y in pairs] == [((len(train), 6), (len(train), 6))] * 3
+    fit_rows = len(train) - round(0.15 * len(train))  # fit_alignments' validation rows aside
+    assert [(x.shape, y.shape) for x, y in pairs] == [((fit_rows, 6), (fit_rows, 6))] * 3
     for i in range(3):
         expected = fit_alignments(
             *(torch.from_numpy(a).float() for a in (xs[i][train], ys[i][train], xs[i][test],
@@ -145,7 +160,9 @@ def test_similarity_fits_one_released_map_for_every_layer_pair(monkeypatch):
             expected["bert-inn"]["mse_minus_linear_ci95"]
         )
     # one map trained on all three pairs, not on the first alone
-    alone = real(pairs[:1], 0, steps=5)
+    from attrib_bench.analyses.alignment import fit_released as fit
+
+    alone = fit([tuple(torch.from_numpy(a[train]).float() for a in (xs[0], ys[0]))], 0)
     assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), alone.parameters(),
                                                      strict=True))  # fmt: skip
 
