@@ -3,6 +3,7 @@
     python benchmarks/invariance_sst2.py [--seeds 0,1,2,3,4] [--train-limit 8000]
         [--similarity-limit 1200] [--dev-limit N] [--device cpu]
         [--maps linear,mlp,inn] [--map-epochs 300] [--maps-only] [--add-bert-inn]
+        [--longer-epochs N]
 
 1. Fine-tunes MiniLM once per seed on the first ``--train-limit`` SST-2 train sentences (one
    epoch; cached like ``attrib-bench finetune --seeds``) and reports each seed's dev accuracy.
@@ -23,6 +24,8 @@ read the same weights as the committed similarity run (checked by their sha256).
 ``--add-bert-inn`` keeps the committed maps too and adds the released BERT-INN, one map for
 every layer under its own schedule, fitted on the seeds' pair alone (not the floors) beside
 the linear map, which must come out as committed.
+``--longer-epochs N`` keeps everything committed and adds the linear map and the INN on the
+seeds' pair alone trained for at most N epochs (early stopping aside), in a section of its own.
 """
 
 from __future__ import annotations
@@ -268,6 +271,27 @@ def learned_section(learned: dict, maps: list[str], rerun: dict | None) -> list[
     ]
 
 
+def longer_section(longer: dict) -> list[str]:
+    """The seeds' pair's maps trained longer (``--longer-epochs``)."""
+    report = longer["report"]
+    maps = report["config"]["maps"]
+    return [
+        f"## Longer training: seed 0 -> seed 1, at most {report['config']['map_epochs']} epochs",
+        "",
+        f"`{longer['command']}` ({longer['seconds']} s; load average "
+        f"{longer['load_before']:.1f} before, {longer['load_after']:.1f} after), on the seeds' "
+        "pair alone (no floor), the same sentences, split and seed as above; early stopping "
+        "with the same patience (30 epochs), the cosine schedule stretched to the budget.",
+        "",
+        *map_lines(report, maps),
+        "",
+        start_line(report),
+        "",
+        *paired_lines(report, maps),
+        "",
+    ]
+
+
 def markdown(result: dict) -> str:
     """The whole page from the JSON, so a rerun of one stage renders it again."""
     similarity, learned = result["similarity"], result["learned_maps"]
@@ -293,6 +317,8 @@ def markdown(result: dict) -> str:
         "sentences, sentence means)",
     )
     lines += learned_section(learned, maps, result.get("learned_maps_rerun"))
+    if "learned_maps_longer" in result:
+        lines += longer_section(result["learned_maps_longer"])
     lines += ["## Seed invariance of attributions", "", *invariance_lines(result["invariance"])]
     return "\n".join(lines)
 
@@ -314,10 +340,15 @@ def main() -> None:
         action="store_true",
         help="add the released BERT-INN on the seeds' pair to the committed maps",
     )
+    parser.add_argument(
+        "--longer-epochs",
+        type=int,
+        help="add the linear map and the INN on the seeds' pair at this many epochs",
+    )
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     committed = None
-    if args.maps_only or args.add_bert_inn:
+    if args.maps_only or args.add_bert_inn or args.longer_epochs is not None:
         committed = json.loads(JSON.read_text())
         sentences = committed["similarity"]["dataset"]["sentences"]
         if committed["seeds"] != seeds or sentences != args.similarity_limit:
@@ -349,6 +380,9 @@ def main() -> None:
     if args.add_bert_inn:
         learned = add_bert_inn(models[:2], committed["learned_maps"], **common)
         write({**committed, "learned_maps": learned})
+        return
+    if args.longer_epochs is not None:
+        write({**committed, "learned_maps_longer": longer(models[:2], args.longer_epochs, common)})
         return
     start = time.perf_counter()
     learned = run_similarity(
@@ -397,6 +431,30 @@ def main() -> None:
             "learned_maps_rerun": rerun,
         }
     write(result)
+
+
+def longer(models: list[str], epochs: int, common: dict) -> dict:
+    """The linear map and the INN on the seeds' pair alone, at most ``epochs`` epochs."""
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    report = run_similarity(
+        SimilarityConfig(
+            models=models,
+            maps=["linear", "inn"],
+            floor_maps=[],
+            maps_only=True,
+            map_epochs=epochs,
+            **common,
+        ),
+        architectures=ARCHITECTURES,
+    )
+    return {
+        "command": f"python benchmarks/invariance_sst2.py --longer-epochs {epochs}",
+        "seconds": round(time.perf_counter() - start, 1),
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+        "report": report,
+    }
 
 
 def write(result: dict) -> None:

@@ -112,6 +112,12 @@ def cka_lines(report: dict) -> list[str]:
     return lines
 
 
+def fitted(pair: dict, name: str) -> bool:
+    """Whether the map was fitted on the pair (a floor's pair may have none: --floor-maps)."""
+    values = pair["measures"].get(f"{name}_mse")
+    return values is not None and any(v is not None for v in diagonal(values))
+
+
 def map_lines(report: dict, maps: list[str]) -> list[str]:
     """Per map and pair kind, the held-out MSE on the diagonal with its interval."""
     layers = len(diagonal(report["pairs"][0]["measures"][f"{maps[0]}_mse"]))
@@ -119,7 +125,7 @@ def map_lines(report: dict, maps: list[str]) -> list[str]:
     for name in maps:
         for kind, label in KINDS:
             for pair in (p for p in report["pairs"] if p["kind"] == kind):
-                if f"{name}_mse" not in pair["measures"]:
+                if not fitted(pair, name):
                     continue
                 values = diagonal(pair["measures"][f"{name}_mse"])
                 bounds = diagonal(pair["intervals"][f"{name}_mse"])
@@ -169,7 +175,7 @@ def paired_lines(report: dict, maps: list[str]) -> list[str]:
     for name in maps[1:]:
         for kind, label in KINDS:
             pair = next((p for p in report["pairs"] if p["kind"] == kind), None)
-            if pair is None or f"{name}_mse" not in pair["measures"]:
+            if pair is None or not fitted(pair, name):
                 continue
             ours = diagonal(pair["measures"][f"{name}_mse"])
             theirs = diagonal(pair["measures"][f"{first}_mse"])
