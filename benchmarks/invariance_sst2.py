@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -378,11 +379,15 @@ def main() -> None:
         )
         timings["similarity_s"] = round(time.perf_counter() - start, 1)
     if args.add_bert_inn:
-        learned = add_bert_inn(models[:2], committed["learned_maps"], **common)
+        rerun_file = Path(tempfile.gettempdir()) / "invariance_sst2_bert_inn.json"
+        learned = add_bert_inn(models[:2], committed["learned_maps"], rerun_file, **common)
         write({**committed, "learned_maps": learned})
         return
     if args.longer_epochs is not None:
-        write({**committed, "learned_maps_longer": longer(models[:2], args.longer_epochs, common)})
+        section = longer(models[:2], args.longer_epochs, common)
+        write_json(section, Path(tempfile.gettempdir()) / "invariance_sst2_longer.json")
+        # the JSON as it is now: another stage's rerun may have been written meanwhile
+        write({**json.loads(JSON.read_text()), "learned_maps_longer": section})
         return
     start = time.perf_counter()
     learned = run_similarity(
