@@ -7,8 +7,9 @@ import sys
 
 import pytest
 import torch
+from torch import nn
 
-from attrib_bench.analyses.alignment import LR_FLOOR, cosine_lr, fit_alignments
+from attrib_bench.analyses.alignment import LR_FLOOR, cosine_lr, fit_alignments, train_map
 from attrib_bench.core.errors import UsageError
 
 
@@ -358,3 +359,22 @@ def test_the_inn_starts_at_least_squares_when_that_solution_is_ill_conditioned()
         inn_start="identity",
     )  # fmt: skip
     assert scores["inn"]["start"] == "identity"
+
+
+def test_train_map_says_how_many_epochs_it_trained_and_which_it_kept():
+    """Early stopping ends a fit that cannot improve after ``patience`` epochs, keeping its
+    start (epoch 0); a fit still improving runs the whole budget and keeps its last epoch."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 4, generator=gen)
+    weight = torch.randn(4, 3, generator=gen)
+    y = x @ weight
+    exact = nn.Linear(4, 3)
+    with torch.no_grad():
+        exact.weight.copy_(weight.T)
+        exact.bias.zero_()
+    settings = dict(lr=1e-3, batch_size=50, generator=torch.Generator().manual_seed(1))
+    _, trained, kept = train_map(exact, x, y, x, y, max_epochs=50, patience=3, **settings)
+    assert (trained, kept) == (3, 0)
+    _, trained, kept = train_map(nn.Linear(4, 3), x, y, x, y, max_epochs=4, patience=9,
+                                 **{**settings, "lr": 0.05})  # fmt: skip
+    assert (trained, kept) == (4, 4)

@@ -142,7 +142,7 @@ def test_similarity_fits_one_released_map_for_every_layer_pair(monkeypatch):
     features = [Features(layers, [1] * 150, [[0]] * 150) for layers in (xs, ys)]
     config = SimilarityConfig(models=["x", "y"], maps=["linear", "bert-inn"], maps_only=True,
                               map_epochs=2)  # fmt: skip
-    measures, intervals, _ = compare(*features, config)
+    measures, intervals, _, epochs = compare(*features, config)
     assert len(trained) == 1
     pairs, model = trained[0]
     train, test = split_rows([1] * 150, 0)
@@ -159,6 +159,7 @@ def test_similarity_fits_one_released_map_for_every_layer_pair(monkeypatch):
         assert intervals["bert-inn_mse_minus_linear"][i][i] == list(
             expected["bert-inn"]["mse_minus_linear_ci95"]
         )
+    assert list(epochs) == ["linear"]  # bert-inn runs its schedule, no early stopping
     # one map trained on all three pairs, not on the first alone
     from attrib_bench.analyses.alignment import fit_released as fit
 

@@ -621,6 +621,11 @@ def test_map_epochs_bound_every_learned_map(tiny_bert, run_cli, tmp_path, monkey
     for pair in report["pairs"]:  # the MLP's paired interval against the linear map
         keys = ["linear_mse", "linear_r2", "mlp_mse", "mlp_r2", "mlp_mse_minus_linear"]
         assert list(pair["intervals"]) == keys
+        for matrix in pair["epochs"].values():  # [epochs trained, epoch kept] where fitted
+            for i, row in enumerate(matrix):
+                trained, kept = row[i]
+                assert 1 <= trained <= 2 and 0 <= kept <= trained
+                assert all(cell is None for j, cell in enumerate(row) if j != i)
         mse = pair["measures"]
         for i, row in enumerate(pair["intervals"]["mlp_mse_minus_linear"]):
             low, high = row[i]

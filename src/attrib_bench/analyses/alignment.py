@@ -266,19 +266,22 @@ def train_map(
     patience: int,
     batch_size: int,
     lr_schedule: Callable[[int, int, float], float] = cosine_lr,
-) -> nn.Module:
+) -> tuple[nn.Module, int, int]:
     """Adam on MSE with minibatches; early stopping on validation MSE, best weights restored.
 
     The starting weights are the first mark: the result is never worse on the validation rows
-    than the start.
+    than the start. Returns the model, the epochs trained and the epoch whose weights it holds
+    (0: the start), so a report can say whether the budget or early stopping ended the fit.
     """
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     model.eval()
     with torch.no_grad():
         start_loss = torch.mean((model(x_val) - y_val) ** 2).item()
     best_loss, best_state, stale = start_loss, copy.deepcopy(model.state_dict()), 0
+    best_epoch = epochs = 0
     n = x.shape[0]
     for epoch in range(max_epochs):
+        epochs = epoch + 1
         for group in optimizer.param_groups:
             group["lr"] = lr_schedule(epoch, max_epochs, lr)
         model.train()
@@ -294,13 +297,14 @@ def train_map(
             val_loss = torch.mean((model(x_val) - y_val) ** 2).item()
         if val_loss < best_loss - 1e-7:
             best_loss, best_state, stale = val_loss, copy.deepcopy(model.state_dict()), 0
+            best_epoch = epochs
         else:
             stale += 1
             if stale >= patience:
                 break
     model.load_state_dict(best_state)
     model.eval()
-    return model
+    return model, epochs, best_epoch
 
 
 def _scores(pred: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
@@ -435,7 +439,8 @@ def fit_alignments(
 
     Returns ``{map: {"mse": float, "r2": float}}`` in the order of ``maps``, the INN's also
     with ``"start"``, the one of ``INN_STARTS`` it took (a refused least-squares start is the
-    identity); with
+    identity), every early-stopped map's with ``"epochs"`` trained and ``"best_epoch"``, the
+    epoch whose weights it kept (0: its start); with
     ``test_groups`` (one group id per held-out row: its sentence) also ``mse_ci95`` and
     ``r2_ci95``, bootstrap intervals over the groups (module docstring), and every map after
     the first ``mse_minus_{first}_ci95``: the interval of its MSE minus the first map's, paired
@@ -477,7 +482,7 @@ def fit_alignments(
                 else:
                     if name != "inn" or inn_start == "least-squares":
                         _linear_start(model, x_train[fit_idx], y_train[fit_idx])
-                    train_map(
+                    _, epochs, best_epoch = train_map(
                         model,
                         x_train[fit_idx],
                         y_train[fit_idx],
@@ -492,6 +497,8 @@ def fit_alignments(
             with torch.no_grad():
                 pred = model(x_test)
             results[name] = _scores(pred, y_test)
+            if name not in fitted and name != "bert-inn":
+                results[name].update(epochs=epochs, best_epoch=best_epoch)
             if name == "inn":
                 results[name]["start"] = model.start
             if test_groups is not None:

@@ -492,7 +492,9 @@ def compare(
     per ``{map}_mse_minus_{first map}`` for every map after the first (paired: its MSE minus
     the first map's), a matrix of bootstrap 95% intervals [low, high] over the held-out
     sentences, None where not fitted. And the starts: ``{"inn": matrix}`` of where the INN
-    began (``alignment.INN_STARTS``), None where not fitted; empty without the INN."""
+    began (``alignment.INN_STARTS``), None where not fitted; empty without the INN. And the
+    epochs: per early-stopped map (all but ``bert-inn``) a matrix of [epochs trained, epoch
+    kept] (0: its start), None where not fitted."""
     names = measure_names(config)
     maps = _maps(config) if maps is None else maps
     fit = _fit_alignments() if config.learned else None
@@ -509,6 +511,11 @@ def compare(
     starts: dict[str, list[list]] = {
         name: [[None] * columns for _ in range(rows)]
         for name in (("inn",) if config.learned and "inn" in maps else ())
+    }
+    epochs: dict[str, list[list]] = {
+        name: [[None] * columns for _ in range(rows)]
+        for name in (maps if config.learned else ())
+        if name != "bert-inn"
     }
     fitted_pairs = [
         (i, j) for i in range(rows) for j in range(columns) if config.all_pairs or i == j
@@ -543,11 +550,13 @@ def compare(
                             intervals[f"{name}_{key[:-5]}"][i][j] = interval
                     if name in starts:
                         starts[name][i][j] = scores["start"]
+                    if name in epochs:
+                        epochs[name][i][j] = [scores["epochs"], scores["best_epoch"]]
             for name, value in values.items():
                 result[name][i][j] = None if value is None or np.isnan(value) else value
             if bar is not None:
                 bar.advance(task)
-    return result, intervals, starts
+    return result, intervals, starts, epochs
 
 
 def _released(
@@ -750,7 +759,9 @@ def run_similarity(
     with console.progress(disable=quiet) as bar:
         task = bar.add_task("layer pairs", total=total)
         for (x, y, kind), skipped, maps in zip(plan, unequal, fitted_maps, strict=True):
-            measures, intervals, starts = compare(features[x], features[y], config, bar, task, maps)
+            measures, intervals, starts, epochs = compare(
+                features[x], features[y], config, bar, task, maps
+            )
             pairs.append(
                 {
                     "x": x,
@@ -759,6 +770,7 @@ def run_similarity(
                     "measures": measures,
                     "intervals": intervals,
                     "starts": starts,
+                    "epochs": epochs,
                     "skipped_maps": skipped,
                 }
             )
