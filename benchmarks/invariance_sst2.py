@@ -39,10 +39,11 @@ from pathlib import Path
 
 import numpy as np
 from students_sst2 import (  # the students' tables
-    add_bert_inn,
     bert_inn_line,
     check_weights,
+    fit_bert_inn,
     map_lines,
+    merge_bert_inn,
     paired_lines,
     start_line,
 )
@@ -65,6 +66,8 @@ ARCHITECTURES = load_registry().architecture_specs()
 SST2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2"
 RESULTS = Path(__file__).parent / "results"
 CKA_FAMILY = ("linear_cka", "rbf_cka", "svcca", "pwcca", "procrustes", "linreg_r2")
+#: Where ``--add-bert-inn`` writes its fit before merging it (``--bert-inn-run`` rereads it).
+KEPT = Path(tempfile.gettempdir()) / "invariance_sst2_bert_inn.json"
 JSON, MARKDOWN, PLOT = (RESULTS / f"invariance_sst2.{suffix}" for suffix in ("json", "md", "png"))
 INVARIANCE = (
     ("seed-invariance", "Spearman, seeds"),
@@ -342,6 +345,9 @@ def main() -> None:
         help="add the released BERT-INN on the seeds' pair to the committed maps",
     )
     parser.add_argument(
+        "--bert-inn-run", type=Path, help=f"with --add-bert-inn: merge this kept run ({KEPT})"
+    )
+    parser.add_argument(
         "--longer-epochs",
         type=int,
         help="add the linear map and the INN on the seeds' pair at this many epochs",
@@ -379,8 +385,12 @@ def main() -> None:
         )
         timings["similarity_s"] = round(time.perf_counter() - start, 1)
     if args.add_bert_inn:
-        rerun_file = Path(tempfile.gettempdir()) / "invariance_sst2_bert_inn.json"
-        learned = add_bert_inn(models[:2], committed["learned_maps"], rerun_file, **common)
+        run = (
+            json.loads(args.bert_inn_run.read_text())
+            if args.bert_inn_run
+            else fit_bert_inn(models[:2], committed["learned_maps"], KEPT, **common)
+        )
+        learned = merge_bert_inn(committed["learned_maps"], run)
         write({**committed, "learned_maps": learned})
         return
     if args.longer_epochs is not None:
