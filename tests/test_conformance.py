@@ -33,7 +33,7 @@ BERT = ("bert",)
 #: same checks again at these counts.
 FEWER_SAMPLES = {
     "integrated-gradients": "integrated-gradients:steps=8",
-    "sequential-integrated-gradients": "sequential-integrated-gradients:steps=4",
+    "sequential-integrated-gradients": "sequential-integrated-gradients:steps=2",
     "discretized-integrated-gradients": "discretized-integrated-gradients:steps=4",
     "gradient-shap": "gradient-shap:samples=4",
     "smoothgrad": "smoothgrad:samples=4",
