@@ -294,6 +294,8 @@ def test_invertible_linear_map_keeps_cca_and_regression_but_not_cka():
 
 
 def _similarity(run_cli, tiny, output, *extra):
+    """The command on the tiny model with itself; each map trains 3 epochs at most (these
+    tests check what is fitted where, not the fit: early stopping's patience is 30)."""
     return run_cli(
         "similarity",
         "--models",
@@ -305,6 +307,8 @@ def _similarity(run_cli, tiny, output, *extra):
         "--output",
         output,
         "--quiet",
+        "--map-epochs",
+        "3",
         *extra,
     )
 
@@ -658,7 +662,7 @@ def test_models_of_different_widths_skip_the_inn_for_their_pair(
     models = f"{tiny_bert},{narrow_bert}"
     code, _, err = run_cli(
         "similarity", "--models", models, "--dataset", "default", "--limit", "12",
-        "--output", output, "--quiet",
+        "--output", output, "--quiet", "--map-epochs", "3",
     )  # fmt: skip
     assert code == 0, err
     warnings = [line for line in err.splitlines() if "warning:" in line]
