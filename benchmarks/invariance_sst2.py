@@ -40,10 +40,12 @@ from pathlib import Path
 import numpy as np
 from students_sst2 import (  # the students' tables
     bert_inn_line,
+    bert_inn_options,
     check_weights,
     fit_bert_inn,
     map_lines,
     merge_bert_inn,
+    pair_maps,
     paired_lines,
     start_line,
 )
@@ -339,14 +341,7 @@ def main() -> None:
     parser.add_argument(
         "--maps-only", action="store_true", help="rerun the learned maps; keep the rest"
     )
-    parser.add_argument(
-        "--add-bert-inn",
-        action="store_true",
-        help="add the released BERT-INN on the seeds' pair to the committed maps",
-    )
-    parser.add_argument(
-        "--bert-inn-run", type=Path, help=f"with --add-bert-inn: merge this kept run ({KEPT})"
-    )
+    bert_inn_options(parser, "seeds", KEPT)
     parser.add_argument(
         "--longer-epochs",
         type=int,
@@ -450,25 +445,9 @@ def main() -> None:
 
 def longer(models: list[str], epochs: int, common: dict) -> dict:
     """The linear map and the INN on the seeds' pair alone, at most ``epochs`` epochs."""
-    load_before = os.getloadavg()[0]
-    start = time.perf_counter()
-    report = run_similarity(
-        SimilarityConfig(
-            models=models,
-            maps=["linear", "inn"],
-            floor_maps=[],
-            maps_only=True,
-            map_epochs=epochs,
-            **common,
-        ),
-        architectures=ARCHITECTURES,
-    )
     return {
         "command": f"python benchmarks/invariance_sst2.py --longer-epochs {epochs}",
-        "seconds": round(time.perf_counter() - start, 1),
-        "load_before": load_before,
-        "load_after": os.getloadavg()[0],
-        "report": report,
+        **pair_maps(models, ["linear", "inn"], epochs, **common),
     }
 
 

@@ -204,34 +204,52 @@ def check_weights(models: list[str], report: dict) -> None:
             raise SystemExit(f"{model} does not hold the weights the committed run read")
 
 
-def fit_bert_inn(models: list[str], maps_report: dict, kept: Path, **common) -> dict:
-    """The released BERT-INN on ``models`` alone (one map for every layer pair) beside the
-    linear map (the paired difference's first map), with ``maps_report``'s epochs: the run with
-    its seconds, load and threads, written to ``kept`` before anything else (the fit is the slow
-    part; ``--bert-inn-run`` merges it again)."""
-    config = maps_report["config"]
-    if "bert-inn" in config["maps"] or config["maps"][0] != "linear":
-        raise SystemExit("--add-bert-inn needs committed maps led by linear, without bert-inn")
+def pair_maps(models: list[str], maps: list[str], epochs: int, **common) -> dict:
+    """The learned ``maps`` on the models' pair alone (no floor), timed: the similarity report
+    with its seconds, the load before and after, and the torch threads."""
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
     report = run_similarity(
         SimilarityConfig(
             models=models,
-            maps=["linear", "bert-inn"],
+            maps=maps,
             floor_maps=[],
             maps_only=True,
-            map_epochs=config["map_epochs"],
+            map_epochs=epochs,
             **common,
         ),
         architectures=ARCHITECTURES,
     )
-    run = {
+    return {
         "report": report,
         "seconds": round(time.perf_counter() - start, 1),
         "load_before": load_before,
         "load_after": os.getloadavg()[0],
         "threads": torch.get_num_threads(),
     }
+
+
+def bert_inn_options(parser: argparse.ArgumentParser, pair: str, kept: Path) -> None:
+    """``--add-bert-inn`` and ``--bert-inn-run``, for the ``pair`` of a seed benchmark."""
+    parser.add_argument(
+        "--add-bert-inn",
+        action="store_true",
+        help=f"add the released BERT-INN on the {pair}' pair to the committed maps",
+    )
+    parser.add_argument(
+        "--bert-inn-run", type=Path, help=f"with --add-bert-inn: merge this kept run ({kept})"
+    )
+
+
+def fit_bert_inn(models: list[str], maps_report: dict, kept: Path, **common) -> dict:
+    """The released BERT-INN on ``models`` alone (one map for every layer pair) beside the
+    linear map (the paired difference's first map), with ``maps_report``'s epochs
+    (``pair_maps``), written to ``kept`` before anything else (the fit is the slow part;
+    ``--bert-inn-run`` merges it again)."""
+    config = maps_report["config"]
+    if "bert-inn" in config["maps"] or config["maps"][0] != "linear":
+        raise SystemExit("--add-bert-inn needs committed maps led by linear, without bert-inn")
+    run = pair_maps(models, ["linear", "bert-inn"], config["map_epochs"], **common)
     write_json(run, kept)
     return run
 
@@ -270,11 +288,11 @@ def bert_inn_line(maps_report: dict) -> str:
     added = maps_report.get("bert_inn")
     if added is None:
         return ""
-    known = added["load_before"] is not None
-    load = "; ".join(
-        [f"load average {added['load_before']:.1f} before, {added['load_after']:.1f} after"] * known
-        + [added["note"]] * ("note" in added)
-    )
+    parts = [added["note"]] if "note" in added else []
+    if added["load_before"] is not None:
+        before, after = added["load_before"], added["load_after"]
+        parts.insert(0, f"load average {before:.1f} before, {after:.1f} after")
+    load = "; ".join(parts)
     return (
         f"`bert-inn` is the released BERT-INN: one map for all {added['layer_pairs']} layer "
         "pairs, trained as the official code trains it (3,000 batches of 64 in order, Adam at "
@@ -401,14 +419,7 @@ def main() -> None:
     parser.add_argument(
         "--maps-only", action="store_true", help="rerun the learned maps; keep the rest"
     )
-    parser.add_argument(
-        "--add-bert-inn",
-        action="store_true",
-        help="add the released BERT-INN on the students' pair to the committed maps",
-    )
-    parser.add_argument(
-        "--bert-inn-run", type=Path, help=f"with --add-bert-inn: merge this kept run ({KEPT})"
-    )
+    bert_inn_options(parser, "students", KEPT)
     args = parser.parse_args()
     maps = args.maps.split(",")
     if args.add_bert_inn:
