@@ -43,8 +43,17 @@ FEWER_SAMPLES = {
     "lime": "lime:samples=20",
 }
 #: The same for evaluators: sMPRT re-runs the method twice per noisy copy (50 by default, 26 s
-#: of the kit's evaluator checks here); 4 copies take every path its default does.
-FEWER_EVALUATOR_SAMPLES = {"smprt": "smprt:samples=4"}
+#: of the kit's evaluator checks here); 4 copies take every path its default does. The
+#: robustness evaluators re-run it once per copy (10 by default) and F-Fidelity scores 50
+#: random removals per ratio: 3 and 5 take the same paths.
+FEWER_EVALUATOR_SAMPLES = {
+    "smprt": "smprt:samples=4",
+    "sensitivity-max": "sensitivity-max:samples=3",
+    "sensitivity-avg": "sensitivity-avg:samples=3",
+    "local-lipschitz": "local-lipschitz:samples=3",
+    "infidelity": "infidelity:samples=3",
+    "ffidelity": "ffidelity:samples=5",
+}
 
 
 def builtin_names(kind: str) -> list[str]:
