@@ -450,7 +450,8 @@ def fit_alignments(
     the INN there too where it is invertible, else at the identity (``inn_start="identity"``:
     always; module docstring). ``inn_blocks``: GLOW blocks of the INN. ``bert-inn`` (named
     only) is the released BERT-INN, with its own start and schedule (``bert_inn``).
-    ``fitted``: maps already trained on these training rows (``fit_released``), scored only.
+    ``fitted``: maps already trained on these training rows (``fit_released``), scored only;
+    ``bert-inn`` asked for without one is trained here by ``fit_released`` on this pair alone.
     Runs on the tensors' device; every map gets the same seed, so each is reproducible alone.
     """
     maps = tuple(maps)
@@ -459,6 +460,11 @@ def fit_alignments(
         raise UsageError(f"inn_start must be one of {', '.join(INN_STARTS)}, got {inn_start!r}")
     if test_groups is not None and len(test_groups) != x_test.shape[0]:
         raise UsageError("test_groups needs one group per held-out row")
+    fitted = dict(fitted or {})
+    if "bert-inn" in maps and "bert-inn" not in fitted:  # its released start and schedule
+        fitted["bert-inn"] = fit_released(
+            [(x_train, y_train)], seed, val_fraction=val_fraction, hidden=hidden
+        )
     device = x_train.device
     dtype = torch.promote_types(x_train.dtype, torch.float32)
     x_train, x_test = _standardise(x_train.to(device, dtype), x_test.to(device, dtype))
@@ -467,37 +473,33 @@ def fit_alignments(
     width = hidden or 4 * max(d_x, d_y)
 
     val_idx, fit_idx = (rows.to(device) for rows in _split(x_train.shape[0], val_fraction, seed))
-    fitted = fitted or {}
     results: dict[str, dict] = {}
     residuals: dict[str, np.ndarray] = {}
     with _fork_rng(device):
         for name in maps:
             torch.manual_seed(seed)
-            if name in fitted:  # trained by the caller (fit_released): scored only
+            if name in fitted:  # trained by fit_released: scored only
                 model = fitted[name].to(device, dtype)
             else:
                 model = _build(name, d_x, d_y, width, inn_blocks, inn_clamp).to(device, dtype)
-                if name == "bert-inn":  # the released start and schedule, no early stopping
-                    train_released(model, [(x_train[fit_idx], y_train[fit_idx])])
-                else:
-                    if name != "inn" or inn_start == "least-squares":
-                        _linear_start(model, x_train[fit_idx], y_train[fit_idx])
-                    _, epochs, best_epoch = train_map(
-                        model,
-                        x_train[fit_idx],
-                        y_train[fit_idx],
-                        x_train[val_idx],
-                        y_train[val_idx],
-                        generator=torch.Generator().manual_seed(seed + 1),
-                        lr=lr,
-                        max_epochs=max_epochs,
-                        patience=patience,
-                        batch_size=batch_size,
-                    )
+                if name != "inn" or inn_start == "least-squares":
+                    _linear_start(model, x_train[fit_idx], y_train[fit_idx])
+                _, epochs, best_epoch = train_map(
+                    model,
+                    x_train[fit_idx],
+                    y_train[fit_idx],
+                    x_train[val_idx],
+                    y_train[val_idx],
+                    generator=torch.Generator().manual_seed(seed + 1),
+                    lr=lr,
+                    max_epochs=max_epochs,
+                    patience=patience,
+                    batch_size=batch_size,
+                )
             with torch.no_grad():
                 pred = model(x_test)
             results[name] = _scores(pred, y_test)
-            if name not in fitted and name != "bert-inn":
+            if name not in fitted:
                 results[name].update(epochs=epochs, best_epoch=best_epoch)
             if name == "inn":
                 results[name]["start"] = model.start

@@ -502,21 +502,16 @@ def compare(
     sentence_of_row = np.repeat(np.arange(len(fx.rows_per_sentence)), fx.rows_per_sentence)
     subset = gram_rows(sum(fx.rows_per_sentence), config.max_gram_rows, config.seed)
     rows, columns = len(fx.layers), len(fy.layers)
-    result: dict[str, list[list]] = {n: [[None] * columns for _ in range(rows)] for n in names}
-    keys = [f"{name}_{metric}" for name in maps for metric in ("mse", "r2")]
-    keys += [f"{name}_mse_minus_{maps[0]}" for name in maps[1:]]
-    intervals: dict[str, list[list]] = {
-        key: [[None] * columns for _ in range(rows)] for key in (keys if config.learned else ())
-    }
-    starts: dict[str, list[list]] = {
-        name: [[None] * columns for _ in range(rows)]
-        for name in (("inn",) if config.learned and "inn" in maps else ())
-    }
-    epochs: dict[str, list[list]] = {
-        name: [[None] * columns for _ in range(rows)]
-        for name in (maps if config.learned else ())
-        if name != "bert-inn"
-    }
+
+    def matrices(keys) -> dict[str, list[list]]:
+        return {key: [[None] * columns for _ in range(rows)] for key in keys}
+
+    named = maps if config.learned else ()
+    keys = [f"{name}_{metric}" for name in named for metric in ("mse", "r2")]
+    keys += [f"{name}_mse_minus_{maps[0]}" for name in named[1:]]
+    result, intervals = matrices(names), matrices(keys)
+    starts = matrices(name for name in named if name == "inn")
+    epochs = matrices(name for name in named if name != "bert-inn")
     fitted_pairs = [
         (i, j) for i in range(rows) for j in range(columns) if config.all_pairs or i == j
     ]
